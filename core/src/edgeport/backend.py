@@ -1,0 +1,160 @@
+"""The data types of the backend contract: compile specs, delegation specs, capabilities, backend specs.
+
+Names and meaning follow ExecuTorch's AOT API (``CompileSpec``, ``DelegationSpec``, ``PreprocessResult``) so
+that people who know ExecuTorch read edgeport code without a dictionary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from edgeport.aot.partitioner import Partitioner
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """One backend-specific option, as a key and raw bytes (ExecuTorch's ``CompileSpec``)."""
+
+    key: str
+    value: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str):
+            raise TypeError(f"CompileSpec.key must be str, got {type(self.key).__name__}")
+        if not isinstance(self.value, (bytes, bytearray)):
+            raise TypeError(
+                f"CompileSpec {self.key!r}: value must be bytes, got {type(self.value).__name__}; "
+                "encode it, e.g. str(v).encode() or struct.pack(...)"
+            )
+
+
+class DelegationSpec(NamedTuple):
+    """Which backend a tagged partition goes to, and with which compile specs."""
+
+    backend_id: str
+    compile_specs: list[CompileSpec]
+
+
+@dataclass
+class PreprocessResult:
+    """What a backend's ``preprocess`` returns: the blob stored in the program, and debug data."""
+
+    processed_bytes: bytes = b""
+    debug_handle_map: dict[int | str, tuple[int, ...]] | None = None
+    data_store_output: Any = None
+
+
+@dataclass(frozen=True)
+class OpCapability:
+    """One row of a backend's capability table.
+
+    ``op`` is a core-ATen overload name as ``str(torch.ops.aten.add.Tensor)`` prints it (``"aten.add.Tensor"``).
+    ``dtypes`` lists the torch dtype names accepted for the op's tensor inputs and outputs (``"float32"``).
+    ``constraint`` optionally inspects an ``torch.fx.Node`` and returns ``None`` when supported, else a reason.
+    """
+
+    op: str
+    dtypes: tuple[str, ...] = ("float32",)
+    constraint: Callable[[Any], str | None] | None = None
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class CapabilityTable:
+    """A backend's claimed operators; drives its partitioner, the conformance tests and the docs' op table."""
+
+    ops: tuple[OpCapability, ...]
+
+    def lookup(self, op: str) -> OpCapability | None:
+        for cap in self.ops:
+            if cap.op == op:
+                return cap
+        return None
+
+    @property
+    def op_names(self) -> list[str]:
+        return [cap.op for cap in self.ops]
+
+
+@dataclass
+class CompileOptions:
+    """Base class of a backend's typed compile options; converts to and from ``List[CompileSpec]``.
+
+    Subclasses declare dataclass fields of JSON-encodable types. Each field becomes one ``CompileSpec`` whose
+    value is the field's JSON encoding.
+    """
+
+    def to_compile_specs(self) -> list[CompileSpec]:
+        return [
+            CompileSpec(f.name, json.dumps(getattr(self, f.name)).encode())
+            for f in dataclasses.fields(self)
+        ]
+
+    @classmethod
+    def from_compile_specs(cls, specs: Sequence[CompileSpec]) -> CompileOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for spec in specs:
+            if spec.key not in known:
+                raise ValueError(
+                    f"{cls.__name__}: unknown compile spec {spec.key!r}; known keys: {sorted(known)}"
+                )
+            try:
+                values[spec.key] = json.loads(bytes(spec.value).decode())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{cls.__name__}: compile spec {spec.key!r} is not JSON: {exc}") from exc
+        return cls(**values)
+
+
+class RuntimeExecutor:
+    """Interface of a backend's runtime executor (documented here; backends subclass or duck-type it).
+
+    ``init`` receives the processed bytes as a memoryview and the compile specs and returns an opaque handle;
+    ``execute`` takes the handle and a list of numpy arrays and returns a list of numpy arrays; ``destroy``
+    releases the handle.
+    """
+
+    def is_available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec]) -> Any:
+        raise NotImplementedError
+
+    def execute(self, handle: Any, inputs: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def destroy(self, handle: Any) -> None:
+        return None
+
+
+@dataclass
+class BackendSpec:
+    """Everything a plugin registers for one backend.
+
+    ``backend_id`` is the one stable string used in partition tags, ``DelegationSpec``, the serialized
+    ``BackendDelegate.id`` and the runtime lookup. Factories are called lazily so that registering a backend
+    never imports its SDK.
+    """
+
+    backend_id: str
+    version: str
+    preprocess: Callable[..., PreprocessResult]
+    partitioner: Callable[..., Partitioner] | None = None
+    executor: Callable[[], RuntimeExecutor] | None = None
+    quantizers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    capabilities: Callable[[], CapabilityTable] | None = None
+    compile_options: type[CompileOptions] | None = None
+    is_available: Callable[[], tuple[bool, str]] = lambda: (True, "")
+    description: str = ""
+    distribution: str | None = None  # filled in by the registry for entry-point plugins
+
+    def __post_init__(self) -> None:
+        if not self.backend_id or not isinstance(self.backend_id, str):
+            raise ValueError("BackendSpec.backend_id must be a non-empty string")
+        if not callable(self.preprocess):
+            raise TypeError(f"BackendSpec {self.backend_id!r}: preprocess must be callable")

@@ -1,0 +1,10 @@
+"""Plugins that ship inside the core and are registered before entry-point plugins."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def plugins() -> list[tuple[str, ModuleType]]:
+    """(name, module) for each built-in plugin. Imports are local so that ``edgeport`` imports stay light."""
+    return []
