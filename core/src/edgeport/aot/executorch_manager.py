@@ -1,0 +1,215 @@
+"""``ExecutorchProgramManager``: the edge → execution stage (out variants, memory planning, emission, serialization)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import torch
+from torch.export import ExportedProgram
+
+from edgeport.aot.config import ExecutorchBackendConfig
+from edgeport.aot.emitter import MethodEmitter, PlannedTensor, ProgramTables, emit_constant_method
+from edgeport.aot.graph_utils import new_exported_program
+from edgeport.aot.memory_planning import MemoryPlan, TensorLifetime, plan_memory
+from edgeport.aot.passes.out_variants import storage_root, to_out_variants
+from edgeport.aot.transform import transform_program
+from edgeport.errors import SerializationError, UnsupportedOperatorError
+from edgeport.program import schema as S
+
+
+@dataclass
+class MethodMemoryReport:
+    """Planned arena bytes against the naive sum of every planned tensor's size."""
+
+    method: str
+    tensors: int
+    arena_bytes: int
+    naive_bytes: int
+
+    def __str__(self) -> str:
+        saved = 0.0 if not self.naive_bytes else 100.0 * (1 - self.arena_bytes / self.naive_bytes)
+        return (f"{self.method}: {self.tensors} planned tensors, arena {self.arena_bytes} B "
+                f"vs naive {self.naive_bytes} B ({saved:.1f}% saved)")
+
+
+def _upper_bound(dim: Any, where: str) -> int:
+    if isinstance(dim, int):
+        return dim
+    node = getattr(dim, "node", None)
+    if node is not None and node.shape_env is not None:
+        upper = node.shape_env.bound_sympy(node.expr).upper
+        if upper.is_finite:
+            return int(upper)
+    raise UnsupportedOperatorError(
+        f"{where}: dynamic dimension {dim} has no upper bound; export with torch.export.Dim(name, max=...)"
+    )
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfig
+                ) -> tuple[dict[torch.fx.Node, PlannedTensor], MemoryPlan]:
+    """Lifetimes of every storage-owning tensor in ``ep`` (already in out-variant form), then a plan."""
+    nodes = list(ep.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    user_inputs = set(ep.graph_signature.user_inputs)
+    roots: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        if n.op == "placeholder" and (n.name not in user_inputs or not isinstance(n.meta.get("val"), torch.Tensor)):
+            continue
+        root = storage_root(n)
+        if root is not None:
+            roots.setdefault(root, []).append(n)
+    records, planned_nodes, shapes = [], [], []
+    last = len(nodes)
+    for root, aliases in roots.items():
+        val = root.meta["val"]
+        where = f"method {method!r}, node {root.name!r}"
+        shape = tuple(_upper_bound(d, where) for d in val.shape)
+        dynamic = any(not isinstance(d, int) for d in val.shape)
+        start = 0 if root.op == "placeholder" else index[root]
+        end = start
+        for alias in aliases:
+            for user in alias.users:
+                end = max(end, last if user.op == "output" else index[user])
+        records.append(TensorLifetime(root.name, _nbytes(shape, val.dtype), start, end))
+        planned_nodes.append(root)
+        shapes.append((shape, val.dtype, dynamic))
+    plan = plan_memory(records, config.memory_planning_pass, config.memory_alignment)
+    planned = {}
+    for root, (shape, dtype, dynamic), offset in zip(planned_nodes, shapes, plan.offsets):
+        planned[root] = PlannedTensor(shape, dtype, offset, dynamic)
+    # Every alias of a root reads the same planned storage.
+    for root, aliases in roots.items():
+        for alias in aliases:
+            planned.setdefault(alias, planned[root])
+    return planned, plan
+
+
+def to_execution_program(ep: ExportedProgram, config: ExecutorchBackendConfig) -> ExportedProgram:
+    """User passes, then out-variant conversion, on a copy of ``ep``."""
+    gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph))
+    for name, child in ep.graph_module.named_children():
+        setattr(gm, name, child)
+    work = new_exported_program(ep, gm, copy.deepcopy(ep.graph_signature))
+    if config.passes:
+        work = transform_program(work, list(config.passes))
+    to_out_variants(work.graph_module)
+    return _unchecked_program(work)
+
+
+def _unchecked_program(ep: ExportedProgram) -> ExportedProgram:
+    """Wrap the execution-dialect graph in an ExportedProgram without re-running torch's ATen verifier."""
+    from edgeport.aot.execution_verifier import ExecutionDialectVerifier
+
+    return new_exported_program(ep, ep.graph_module, ep.graph_signature, verifiers=[ExecutionDialectVerifier])
+
+
+class ExecutorchProgramManager:
+    """The lowered, planned and serialized program (ExecuTorch's ``ExecutorchProgramManager``)."""
+
+    def __init__(self, execution_programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
+                 backend_config: ExecutorchBackendConfig, program: S.Program,
+                 memory_reports: list[MethodMemoryReport]) -> None:
+        self._execution_programs = dict(execution_programs)
+        self._config_methods = dict(config_methods)
+        self._config = backend_config
+        self._program = program
+        self.memory_reports = memory_reports
+        self._buffer: bytes | None = None
+
+    @classmethod
+    def from_edge_programs(cls, programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
+                           config: ExecutorchBackendConfig) -> ExecutorchProgramManager:
+        tables = ProgramTables()
+        plans: list[S.ExecutionPlan] = []
+        executions: dict[str, ExportedProgram] = {}
+        reports = []
+        for name, ep in programs.items():
+            execution = to_execution_program(ep, config)
+            planned, memory = plan_method(execution, name, config)
+            plans.append(MethodEmitter(name, execution, planned, memory.arena_bytes, tables).emit())
+            executions[name] = execution
+            reports.append(MethodMemoryReport(name, len(memory.offsets), memory.arena_bytes, memory.naive_bytes))
+        for name, value in config_methods.items():
+            plans.append(emit_constant_method(name, value, tables))
+        program = S.Program(
+            version=0,
+            execution_plan=plans,
+            constant_buffer=tables.constant_buffer,
+            backend_delegate_data=tables.delegate_data,
+            segments=[],
+            constant_segment=S.SubsegmentOffsets(0, []),
+        )
+        return cls(executions, config_methods, config, program, reports)
+
+    @property
+    def methods(self) -> set[str]:
+        return set(self._execution_programs)
+
+    @property
+    def config_methods(self) -> set[str]:
+        return set(self._config_methods)
+
+    @property
+    def executorch_program(self) -> S.Program:
+        """The program as schema dataclasses, before serialization."""
+        return self._program
+
+    def exported_program(self, method_name: str = "forward") -> ExportedProgram:
+        """The execution-dialect program of a method (out variants and ``alloc`` nodes)."""
+        try:
+            return self._execution_programs[method_name]
+        except KeyError:
+            raise KeyError(f"no method {method_name!r}; methods: {sorted(self._execution_programs)}") from None
+
+    @property
+    def buffer(self) -> bytes:
+        """The serialized ``.pte`` bytes (computed once)."""
+        if self._buffer is None:
+            from edgeport.program.pte import serialize_pte
+
+            c = self._config
+            try:
+                self._buffer = bytes(serialize_pte(
+                    self._program,
+                    extract_delegate_segments=c.extract_delegate_segments,
+                    extract_constant_segment=c.extract_constant_segment,
+                    segment_alignment=c.segment_alignment,
+                    constant_tensor_alignment=c.constant_tensor_alignment,
+                    delegate_alignment=c.delegate_alignment,
+                ))
+            except SerializationError:
+                raise
+        return self._buffer
+
+    def write_to_file(self, open_file: io.BufferedIOBase) -> None:
+        open_file.write(self.buffer)
+
+    def save(self, path: str) -> None:
+        """Write the program to ``path`` atomically (temporary file, then rename)."""
+        from edgeport.program.pte import write_pte_file
+
+        write_pte_file(path, self.buffer)
+
+    def dump_executorch_program(self, verbose: bool = False, out: TextIO | None = None) -> None:
+        """Print the program: a condensed listing, or every schema field with ``verbose=True``."""
+        from edgeport.aot.program_printer import format_program
+
+        print(format_program(self._program, verbose=verbose), file=out or sys.stdout)
+
+    def delegation_summary(self) -> str:
+        """Per method: delegate calls by backend, kernel calls by operator, and the memory plan."""
+        from edgeport.aot.program_printer import delegation_summary
+
+        return delegation_summary(self._program, self.memory_reports)

@@ -1,0 +1,1 @@
+"""Graph passes of the edge and execution stages."""

@@ -1,0 +1,121 @@
+"""Out-variant conversion: every functional op becomes its ``.out`` overload writing into ``alloc`` tensors.
+
+After this pass the graph reads like ExecuTorch's execution dialect::
+
+    %alloc = call_function[target=edgeport.aot.passes.out_variants.alloc](((2, 2), torch.float32))
+    %mm = call_function[target=aten.mm.out](%a, %b, out=%alloc)
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+from torch._ops import OpOverload
+
+from edgeport.aot.delegate_op import CALL_DELEGATE
+from edgeport.errors import UnsupportedOperatorError
+
+# Ops that stay as they are: they compute sizes (symbolic ints), not tensors.
+SCALAR_OPS: frozenset[object] = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default})
+
+
+def alloc(spec: object) -> None:
+    """Graph marker for a planned tensor: ``spec`` is ``(shape, dtype)``. Never executed."""
+    raise RuntimeError("alloc is a graph marker for memory planning and is never executed")
+
+
+def _out_args(schema: torch._C.FunctionSchema) -> list[torch._C.Argument]:
+    return [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+
+def _signature(schema: torch._C.FunctionSchema) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+
+
+@functools.lru_cache(maxsize=None)
+def out_variant(op: OpOverload) -> OpOverload:
+    """The out overload matching ``op``'s arguments; raises ``UnsupportedOperatorError`` if there is none."""
+    if _out_args(op._schema):
+        return op
+    want = _signature(op._schema)
+    candidates = []
+    for name in op.overloadpacket.overloads():
+        overload = getattr(op.overloadpacket, name)
+        schema = overload._schema
+        outs = _out_args(schema)
+        if not outs or len(outs) != max(1, len(op._schema.returns)):
+            continue
+        if _signature(schema) == want:
+            candidates.append(overload)
+    if not candidates:
+        raise UnsupportedOperatorError(
+            f"operator {op} has no out-variant overload, so it can run neither in a delegate nor as a portable "
+            "kernel; delegate it with a partitioner, decompose it, or rewrite the model to avoid it"
+        )
+    preferred = [c for c in candidates if c._overloadname in ("out", f"{op._overloadname}_out")]
+    return (preferred or candidates)[0]
+
+
+def _alloc_spec(val: object) -> tuple[tuple[object, ...], torch.dtype]:
+    if not isinstance(val, torch.Tensor):
+        raise UnsupportedOperatorError(f"expected a tensor result, got {type(val).__name__}")
+    return tuple(val.shape), val.dtype
+
+
+def to_out_variants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Rewrite every tensor-producing op node to its out variant with ``alloc`` nodes for its outputs."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
+            continue
+        if node.target is CALL_DELEGATE or node.target in SCALAR_OPS:
+            continue
+        try:
+            out_op = out_variant(node.target)
+        except UnsupportedOperatorError as exc:
+            raise UnsupportedOperatorError(f"node {node.name!r}: {exc}") from None
+        if out_op is node.target:
+            continue
+        outs = _out_args(out_op._schema)
+        vals = node.meta["val"]
+        vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
+        if len(vals) != len(outs):
+            raise UnsupportedOperatorError(
+                f"node {node.name!r}: {node.target} returns {len(vals)} values but {out_op} has {len(outs)} outputs"
+            )
+        kwargs = dict(node.kwargs)
+        with graph.inserting_before(node):
+            for arg, val in zip(outs, vals):
+                a = graph.call_function(alloc, (_alloc_spec(val),))
+                a.meta["val"] = val
+                kwargs[arg.name] = a
+        node.target = out_op
+        node.kwargs = kwargs
+    gm.recompile()
+    return gm
+
+
+def storage_root(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node that owns the memory of ``node``'s tensor value (itself, its ``alloc``, or its producer's)."""
+    if node.op == "placeholder":
+        return node
+    if node.op != "call_function":
+        return None
+    if node.target is alloc:
+        return node
+    if node.target is operator.getitem:
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and src.target is CALL_DELEGATE:
+            return node
+        if isinstance(src, torch.fx.Node) and isinstance(src.target, OpOverload):
+            outs = _out_args(src.target._schema)
+            if outs:
+                return src.kwargs.get(outs[node.args[1]].name)
+        return None
+    if isinstance(node.target, OpOverload):
+        outs = _out_args(node.target._schema)
+        if len(outs) == 1:
+            return node.kwargs.get(outs[0].name)
+    return None

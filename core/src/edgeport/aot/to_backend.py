@@ -1,0 +1,340 @@
+"""``to_backend`` in ExecuTorch's three forms, and the partition → delegate rewrite behind them.
+
+1. ``to_backend(backend_id, edge_program, compile_specs) -> LoweredBackendModule`` lowers a whole program.
+2. ``to_backend(edge_program, partitioner) -> ExportedProgram`` lowers each tagged partition and replaces it with
+   a ``call_delegate`` node.
+3. A ``LoweredBackendModule`` used inside another module that is exported again (see ``delegate_op``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import operator
+from collections.abc import Sequence
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+
+from edgeport.aot.delegate_op import CALL_DELEGATE
+from edgeport.aot.graph_utils import (
+    graph_fingerprint,
+    input_spec_by_name,
+    new_exported_program,
+    prune_state,
+    rebuild_signature,
+    stable_toposort,
+)
+from edgeport.aot.lowered_module import LoweredBackendModule
+from edgeport.aot.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from edgeport.backend import CompileSpec, DelegationSpec, PreprocessResult
+from edgeport.errors import EdgeportError, LoweringError, PartitionError
+from edgeport.registry import get_backend
+
+
+@functools.singledispatch
+def to_backend(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Lower a program to backends; see the module docstring for the accepted forms."""
+    raise TypeError(
+        "to_backend expects (backend_id: str, edge_program, compile_specs) or (edge_program, partitioner); "
+        f"got {tuple(type(a).__name__ for a in args)}"
+    )
+
+
+@to_backend.register
+def _lower_whole_program(
+    backend_id: str, edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]
+) -> LoweredBackendModule:
+    return lower_program(backend_id, edge_program, list(compile_specs))
+
+
+@to_backend.register
+def _lower_partitions(edge_program: ExportedProgram, partitioner: Partitioner) -> ExportedProgram:
+    return partition_and_lower(edge_program, partitioner)
+
+
+def lower_program(backend_id: str, program: ExportedProgram, compile_specs: list[CompileSpec]) -> LoweredBackendModule:
+    """Run ``backend_id``'s preprocess on ``program`` and wrap the result."""
+    spec = get_backend(backend_id)
+    try:
+        result = spec.preprocess(copy.deepcopy(program), compile_specs)
+    except EdgeportError:
+        raise
+    except Exception as exc:
+        raise LoweringError(f"backend {backend_id!r}: preprocess failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, PreprocessResult):
+        raise LoweringError(
+            f"backend {backend_id!r}: preprocess must return a PreprocessResult, got {type(result).__name__}"
+        )
+    if not isinstance(result.processed_bytes, (bytes, bytearray, memoryview)):
+        raise LoweringError(f"backend {backend_id!r}: processed_bytes must be bytes")
+    return LoweredBackendModule(program, backend_id, bytes(result.processed_bytes), compile_specs, result.debug_handle_map)
+
+
+def _copy_program(ep: ExportedProgram) -> ExportedProgram:
+    """A copy whose graph can be tagged and rewritten; tensors (state_dict, constants) are shared."""
+    gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph))
+    for name, value in ep.graph_module.named_children():
+        setattr(gm, name, value)
+    gm.meta.update(ep.graph_module.meta)
+    return new_exported_program(ep, gm, copy.deepcopy(ep.graph_signature), state_dict=dict(ep.state_dict),
+                                constants=dict(ep.constants))
+
+
+def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> ExportedProgram:
+    """Ask ``partitioner`` for tags, check its result, and replace each partition with a delegate call."""
+    name = type(partitioner).__name__
+    work = _copy_program(ep)
+    for node in work.graph.nodes:
+        node.meta.pop(DELEGATION_TAG, None)
+    before = graph_fingerprint(work.graph)
+    result = partitioner(work)
+    if not isinstance(result, PartitionResult):
+        raise PartitionError(f"{name}.partition must return a PartitionResult, got {type(result).__name__}")
+    tagged = result.tagged_exported_program
+    if graph_fingerprint(tagged.graph) != before:
+        raise PartitionError(
+            f"{name} changed the graph; a partitioner may only set node.meta['{DELEGATION_TAG}'] on nodes"
+        )
+    groups = _check_tags(tagged, result.partition_tags, name)
+    if not groups:
+        return tagged
+    _check_acyclic(tagged.graph, groups, name)
+    gm = tagged.graph_module
+    state, consts = dict(tagged.state_dict), dict(tagged.constants)
+    count = sum(1 for n, _ in gm.named_children() if n.startswith("lowered_module_"))
+    for tag, nodes in groups.items():
+        spec = result.partition_tags[tag]
+        lowered = _lower_partition(tagged, nodes, spec, tag)
+        attr = f"lowered_module_{count}"
+        count += 1
+        setattr(gm, attr, lowered)
+        _replace_partition(gm.graph, nodes, lowered)
+    gm.graph.eliminate_dead_code()
+    stable_toposort(gm.graph)
+    _drop_unused_placeholders(gm.graph, tagged.graph_signature)
+    gm.recompile()
+    signature = rebuild_signature(gm.graph, tagged.graph_signature)
+    state, consts = prune_state(state, consts, signature)
+    return new_exported_program(tagged, gm, signature, state_dict=state, constants=consts)
+
+
+def _check_tags(
+    ep: ExportedProgram, partition_tags: dict[str, DelegationSpec], name: str
+) -> dict[str, list[torch.fx.Node]]:
+    groups: dict[str, list[torch.fx.Node]] = {}
+    specs = input_spec_by_name(ep.graph_signature)
+    for node in ep.graph.nodes:
+        tag = node.meta.get(DELEGATION_TAG)
+        if tag is None:
+            continue
+        if tag not in partition_tags:
+            raise PartitionError(f"{name} tagged node {node.name!r} with {tag!r}, which is not in partition_tags")
+        if node.op == "output":
+            raise PartitionError(f"{name} tagged the output node; only computation nodes may be tagged")
+        if node.op == "placeholder":
+            spec = specs.get(node.name)
+            if spec is None or spec.kind == InputKind.USER_INPUT:
+                raise PartitionError(
+                    f"{name} tagged user input {node.name!r}; only parameters, buffers and constants may be tagged"
+                )
+        groups.setdefault(tag, []).append(node)
+    for tag, spec in partition_tags.items():
+        if not isinstance(spec, DelegationSpec):
+            raise PartitionError(f"{name}: partition_tags[{tag!r}] must be a DelegationSpec, got {type(spec).__name__}")
+        get_backend(spec.backend_id)  # raises BackendNotFoundError with the installed list
+    return {tag: nodes for tag, nodes in groups.items() if any(n.op == "call_function" for n in nodes)}
+
+
+def _check_acyclic(graph: torch.fx.Graph, groups: dict[str, list[torch.fx.Node]], name: str) -> None:
+    """Contract each partition to one vertex and check the quotient graph has no cycle (Kahn's algorithm)."""
+    group_of: dict[torch.fx.Node, object] = {}
+    for tag, nodes in groups.items():
+        for n in nodes:
+            group_of[n] = tag
+    vertex = {n: group_of.get(n, n) for n in graph.nodes}
+    edges: dict[object, set[object]] = {}
+    indegree: dict[object, int] = {v: 0 for v in set(vertex.values())}
+    for n in graph.nodes:
+        for user in n.users:
+            a, b = vertex[n], vertex[user]
+            if a is b or a == b:
+                continue
+            targets = edges.setdefault(a, set())
+            if b not in targets:
+                targets.add(b)
+                indegree[b] += 1
+    ready = [v for v, d in indegree.items() if d == 0]
+    seen = 0
+    while ready:
+        v = ready.pop()
+        seen += 1
+        for w in edges.get(v, ()):
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                ready.append(w)
+    if seen != len(indegree):
+        stuck = sorted(str(v) for v, d in indegree.items() if d > 0 and isinstance(v, str))
+        raise PartitionError(
+            f"{name} produced partitions that form a cycle through non-delegated nodes (tags {stuck}); "
+            "a partition must not consume, through a node outside it, a value it produces"
+        )
+
+
+def _partition_io(nodes: list[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[torch.fx.Node], list[torch.fx.Node]]:
+    """(owned placeholders, external inputs, outputs) of a partition, in graph order."""
+    members = set(nodes)
+    owned = [n for n in nodes if n.op == "placeholder" and all(u in members for u in n.users)]
+    owned_set = set(owned)
+    inputs: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+    outputs: list[torch.fx.Node] = []
+    for n in nodes:
+        if n.op == "placeholder":
+            if n not in owned_set and n not in seen:  # shared constant: passed in as an input
+                seen.add(n)
+                inputs.append(n)
+            continue
+        for arg in n.all_input_nodes:
+            if arg not in members and arg not in seen:
+                seen.add(arg)
+                inputs.append(arg)
+        if any(u not in members for u in n.users):
+            outputs.append(n)
+    return owned, inputs, outputs
+
+
+def _lower_partition(
+    parent: ExportedProgram, nodes: list[torch.fx.Node], spec: DelegationSpec, tag: str
+) -> LoweredBackendModule:
+    sub = extract_subprogram(parent, nodes)
+    try:
+        return lower_program(spec.backend_id, sub, list(spec.compile_specs))
+    except LoweringError as exc:
+        raise LoweringError(f"partition {tag!r} ({len(nodes)} nodes): {exc}") from exc
+
+
+def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> ExportedProgram:
+    """An ExportedProgram holding exactly ``nodes`` (a convex set of parent nodes)."""
+    owned, inputs, outputs = _partition_io(nodes)
+    members = [n for n in nodes if n.op != "placeholder"]
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    specs = input_spec_by_name(parent.graph_signature)
+    input_specs: list[InputSpec] = []
+    state: dict[str, torch.Tensor] = {}
+    consts: dict[str, object] = {}
+    for p in owned:
+        new = graph.placeholder(p.name)
+        new.meta = copy.copy(p.meta)
+        env[p] = new
+        spec = specs[p.name]
+        input_specs.append(InputSpec(spec.kind, TensorArgument(new.name), spec.target, spec.persistent))
+        if spec.target in parent.state_dict:
+            state[spec.target] = parent.state_dict[spec.target]
+        elif spec.target in parent.constants:
+            consts[spec.target] = parent.constants[spec.target]
+    for i in inputs:
+        new = graph.placeholder(i.name)
+        new.meta = {"val": i.meta.get("val")}
+        env[i] = new
+        input_specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(new.name), None))
+    for n in members:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+        env[n].meta.pop(DELEGATION_TAG, None)
+    graph.output(tuple(env[o] for o in outputs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    signature = ExportGraphSignature(
+        input_specs=input_specs,
+        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(env[o].name), None) for o in outputs],
+    )
+    example = tuple(i.meta.get("val") for i in inputs)
+    in_spec = torch.utils._pytree.tree_flatten((example, {}))[1]
+    out_spec = torch.utils._pytree.tree_flatten(tuple(o.meta.get("val") for o in outputs))[1]
+    call_graph = [ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))]
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict=state,
+        range_constraints=copy.copy(parent.range_constraints),
+        module_call_graph=call_graph,
+        constants=consts,
+        verifiers=list(parent.verifiers),
+    )
+
+
+def _replace_partition(graph: torch.fx.Graph, nodes: list[torch.fx.Node], lowered: LoweredBackendModule) -> None:
+    owned, inputs, outputs = _partition_io(nodes)
+    members = [n for n in nodes if n.op != "placeholder"]
+    with graph.inserting_after(members[-1]):
+        call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, list(inputs)))
+    call.meta["val"] = [o.meta.get("val") for o in outputs]
+    call.meta["delegate_backend"] = lowered.backend_id
+    previous = call
+    for i, out in enumerate(outputs):
+        with graph.inserting_after(previous):
+            item = graph.call_function(operator.getitem, (call, i))
+        item.meta["val"] = out.meta.get("val")
+        out.replace_all_uses_with(item, delete_user_cb=lambda user, _m=set(members): user not in _m)
+        previous = item
+    for n in reversed(members):
+        graph.erase_node(n)
+    for p in owned:
+        if not p.users:
+            graph.erase_node(p)
+
+
+def _drop_unused_placeholders(graph: torch.fx.Graph, signature: ExportGraphSignature) -> None:
+    specs = input_spec_by_name(signature)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and not node.users:
+            spec = specs.get(node.name)
+            if spec is not None and spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                graph.erase_node(node)
+
+
+def program_calling_delegate(lowered: LoweredBackendModule) -> ExportedProgram:
+    """An exported program whose graph passes its user inputs to ``lowered`` and returns its outputs."""
+    original = lowered.original_module
+    graph = torch.fx.Graph()
+    user_inputs = [n for n in original.graph.nodes if n.op == "placeholder" and n.name in set(original.graph_signature.user_inputs)]
+    placeholders = []
+    for n in user_inputs:
+        p = graph.placeholder(n.name)
+        p.meta["val"] = n.meta.get("val")
+        placeholders.append(p)
+    call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, placeholders))
+    metas = [a.meta.get("val") for a in original.graph.output_node().args[0]]
+    call.meta["val"] = metas
+    items = []
+    for i, val in enumerate(metas):
+        item = graph.call_function(operator.getitem, (call, i))
+        item.meta["val"] = val
+        items.append(item)
+    graph.output(tuple(items))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    setattr(gm, "lowered_module_0", lowered)
+    signature = ExportGraphSignature(
+        input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders],
+        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(i.name), None) for i in items],
+    )
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict={},
+        range_constraints=copy.copy(original.range_constraints),
+        module_call_graph=copy.deepcopy(original.module_call_graph),
+        constants={},
+        verifiers=list(original.verifiers),
+    )
