@@ -1,0 +1,463 @@
+"""Read ``.pte`` bytes into the :class:`Program` dataclass tree, safely, with zero-copy views of the segments.
+
+This is the base of the torch-free runtime loader, so every input is treated as hostile: each offset, vtable,
+vector length, string, union type and segment range is checked against the buffer before it is used, and every
+defect raises :class:`~edgeport.errors.ProgramError` naming what is wrong and where
+(``execution_plan[0].values[12].val.sizes: vector of 1000000 x 4-byte elements runs past end of buffer``).
+
+Why it cannot hang or blow up: flatbuffer offsets only point forward and decoding follows the schema, whose type
+graph has no cycles, so recursion depth is bounded by the schema (at most 6 tables deep). Vector lengths are
+bounded by the bytes left in the buffer before anything is allocated. Shared sub-objects (many offsets pointing
+at one table) could still multiply the work, so the total bytes decoded are capped at a small multiple of the
+buffer size.
+
+``load_pte`` also checks the indices the file alone defines (segments, constant data, delegate data, named data).
+Indices between values, instructions, operators and delegates are checked by :func:`verify_program`
+(``edgeport.program.verify``).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from edgeport.errors import ProgramError
+from edgeport.program import schema
+from edgeport.program.layout import SCALARS, Field, Layout, layout
+from edgeport.program.pte import EXTENDED_HEADER_MAGIC, EXTENDED_HEADER_MIN_LENGTH
+from edgeport.program.schema import DataLocation, Program, TensorDataLocation
+
+__all__ = ["ExtendedHeader", "LoadedPte", "load_pte", "parse_extended_header"]
+
+_u32 = struct.Struct("<I").unpack_from
+_i32 = struct.Struct("<i").unpack_from
+_u16x2 = struct.Struct("<HH").unpack_from
+_BUDGET_FACTOR = 4
+_BUDGET_SLACK = 1 << 16
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+@dataclass(frozen=True)
+class ExtendedHeader:
+    """The ``eh00`` header that follows the file identifier when segments are present."""
+
+    length: int
+    program_size: int
+    segment_base_offset: int
+    segment_data_size: int
+
+
+def parse_extended_header(data: Any) -> Optional[ExtendedHeader]:
+    """Parse and check the extended header of ``data``; ``None`` when the file has none."""
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+    n = len(view)
+    if n < 12 or bytes(view[8:12]) != EXTENDED_HEADER_MAGIC:
+        return None
+    if n < 8 + EXTENDED_HEADER_MIN_LENGTH:
+        raise ProgramError(f"extended header: file is {n} bytes, too short for the header at offset 8")
+    length, program_size, base = struct.unpack_from("<IQQ", view, 12)
+    if length < EXTENDED_HEADER_MIN_LENGTH:
+        raise ProgramError(f"extended header: length {length} < minimum {EXTENDED_HEADER_MIN_LENGTH}")
+    data_size = 0
+    if length >= 32:
+        if n < 8 + 32:
+            raise ProgramError(f"extended header: length {length} but file is only {n} bytes")
+        (data_size,) = struct.unpack_from("<Q", view, 32)
+    if not 8 + length <= program_size <= n:
+        raise ProgramError(f"extended header: program_size {program_size} outside [{8 + length}, file size {n}]")
+    if base == 0:
+        if data_size:
+            raise ProgramError(f"extended header: segment_data_size {data_size} without a segment base offset")
+    elif not program_size <= base <= n:
+        raise ProgramError(f"extended header: segment_base_offset {base} outside [{program_size}, file size {n}]")
+    elif base + data_size > n:
+        raise ProgramError(
+            f"extended header: segment data [{base}, {base + data_size}) runs past end of file ({n} bytes)")
+    return ExtendedHeader(length, program_size, base, data_size)
+
+
+class _Decoder:
+    """Schema-driven flatbuffer decoder over ``buf[:end]`` with bounds checks everywhere."""
+
+    def __init__(self, lay: Layout, buf: memoryview, end: int) -> None:
+        self.lay, self.buf, self.end = lay, buf, end
+        self.budget = _BUDGET_FACTOR * end + _BUDGET_SLACK
+        self.byte_spans: dict[str, list[tuple[int, int]]] = {"Buffer": [], "BackendDelegateInlineData": []}
+        self.decoders: dict[str, Callable[[int, str], Any]] = {}
+        for name in lay.tables:
+            self.decoders[name] = self._make_table_decoder(name)
+
+    # ------------------------------------------------------------------ primitives
+    def _spend(self, nbytes: int, path: str) -> None:
+        self.budget -= nbytes
+        if self.budget < 0:
+            raise ProgramError(f"{path}: decoding exceeds {_BUDGET_FACTOR}x the buffer size; the file shares "
+                               "objects in a way no serializer does (refusing to amplify)")
+
+    def _deref(self, at: int, path: str) -> int:
+        """Follow the uoffset stored at ``at`` (already known in bounds)."""
+        (off,) = _u32(self.buf, at)
+        target = at + off
+        if off == 0 or target >= self.end:
+            raise ProgramError(f"{path}: offset {off} at byte {at} points outside the buffer ({self.end} bytes)")
+        return target
+
+    def _vector(self, pos: int, elem_size: int, path: str) -> tuple[int, int]:
+        """Check the vector at ``pos``; return (start of elements, element count)."""
+        if pos + 4 > self.end:
+            raise ProgramError(f"{path}: vector length at byte {pos} runs past end of buffer")
+        (count,) = _u32(self.buf, pos)
+        if count * elem_size > self.end - pos - 4:
+            raise ProgramError(f"{path}: vector of {count} x {elem_size}-byte elements at byte {pos} "
+                               f"runs past end of buffer ({self.end} bytes)")
+        self._spend(4 + count * elem_size, path)
+        return pos + 4, count
+
+    def _string(self, pos: int, path: str) -> str:
+        start, count = self._vector(pos, 1, path)
+        if start + count >= self.end or self.buf[start + count] != 0:
+            raise ProgramError(f"{path}: string at byte {pos} is not NUL-terminated inside the buffer")
+        try:
+            return bytes(self.buf[start:start + count]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProgramError(f"{path}: string at byte {pos} is not valid UTF-8 ({exc.reason})") from None
+
+    def table(self, name: str, pos: int, path: str) -> Any:
+        return self.decoders[name](pos, path)
+
+    def _table_header(self, pos: int, path: str) -> tuple[tuple[int, ...], int]:
+        end = self.end
+        if pos + 4 > end:
+            raise ProgramError(f"{path}: table at byte {pos} runs past end of buffer ({end} bytes)")
+        (soff,) = _i32(self.buf, pos)
+        vt = pos - soff
+        if vt < 0 or vt + 4 > end:
+            raise ProgramError(f"{path}: vtable of table at byte {pos} is outside the buffer (byte {vt})")
+        vsize, tsize = _u16x2(self.buf, vt)
+        if vsize < 4 or vsize & 1 or vt + vsize > end:
+            raise ProgramError(f"{path}: vtable at byte {vt} has bad size {vsize}")
+        if tsize < 4 or pos + tsize > end:
+            raise ProgramError(f"{path}: table at byte {pos} of size {tsize} runs past end of buffer")
+        self._spend(tsize, path)
+        nslots = (vsize - 4) >> 1
+        return (struct.unpack_from(f"<{nslots}H", self.buf, vt + 4) if nslots else ()), tsize
+
+    # ------------------------------------------------------------------ per-table decoders
+    def _make_field_reader(self, table: str, f: Field) -> Callable[[int, str], Any]:
+        """Function (absolute position of the field, field path) -> Python value."""
+        buf = self.buf
+        if f.kind == "scalar":
+            unpack = struct.Struct("<" + SCALARS[f.scalar][0]).unpack_from
+            if f.ref:  # enum: keep unknown values as plain ints (verify_program reports them)
+                get = {int(m): m for m in self.lay.enums[f.ref][1]}.get
+
+                def read_enum(at: int, path: str) -> Any:
+                    (v,) = unpack(buf, at)
+                    return get(v, v)
+                return read_enum
+            return lambda at, path: unpack(buf, at)[0]
+        if f.kind == "string":
+            return lambda at, path: self._string(self._deref(at, path), path)
+        if f.kind == "table":
+            ref = f.ref
+            return lambda at, path: self.decoders[ref](self._deref(at, path), path)
+        if f.kind == "bytes":
+            spans = self.byte_spans.get(table)
+
+            def read_bytes(at: int, path: str) -> bytes:
+                start, count = self._vector(self._deref(at, path), 1, path)
+                if spans is not None:
+                    spans.append((start, count))
+                return bytes(buf[start:start + count])
+            return read_bytes
+        if f.kind == "vector" and f.elem == "scalar":
+            code, size = SCALARS[f.scalar][:2]
+
+            def read_scalars(at: int, path: str) -> list[Any]:
+                start, count = self._vector(self._deref(at, path), size, path)
+                return list(struct.unpack_from(f"<{count}{code}", buf, start))
+            return read_scalars
+        if f.kind == "vector" and f.elem == "table":
+            ref = f.ref
+
+            def read_tables(at: int, path: str) -> list[Any]:
+                start, count = self._vector(self._deref(at, path), 4, path)
+                decode, end = self.decoders[ref], self.end
+                out = []
+                for i, off in enumerate(struct.unpack_from(f"<{count}I", buf, start)):
+                    p = start + 4 * i
+                    if off == 0 or p + off >= end:
+                        raise ProgramError(f"{path}[{i}]: offset {off} at byte {p} points outside the buffer")
+                    out.append(decode(p + off, f"{path}[{i}]"))
+                return out
+            return read_tables
+        raise AssertionError(f"{table}.{f.name}: {f.kind}/{f.elem}")  # pragma: no cover
+
+    def _make_table_decoder(self, name: str) -> Callable[[int, str], Any]:
+        t = self.lay.tables[name]
+        cls = t.cls
+        plan = []
+        for f in t.fields:
+            if f.kind == "union":
+                continue
+            size = SCALARS[f.scalar][1] if f.kind == "scalar" else 4
+            absent: Any
+            if f.kind == "scalar":
+                absent = self.lay.enums[f.ref][1](f.default) if f.ref else f.default
+            elif f.kind == "string":
+                absent = f.default
+            elif f.kind == "bytes":
+                absent = b""
+            elif f.kind == "vector":
+                absent = None if f.optional else []
+            else:
+                absent = None
+            mutable_absent = f.kind == "vector" and not f.optional
+            plan.append((f.name, f.slot, size, self._make_field_reader(name, f), absent, mutable_absent))
+        unions = []
+        for f in t.fields:
+            if f.kind == "union":
+                members = tuple(self.lay.unions[f.ref])
+                unions.append((f.name, f.slot, f.ref, members))
+
+        def decode(pos: int, path: str) -> Any:
+            voffs, tsize = self._table_header(pos, path)
+            nslots = len(voffs)
+            kwargs = {}
+            for fname, slot, size, read, absent, mutable_absent in plan:
+                voff = voffs[slot] if slot < nslots else 0
+                if voff == 0:
+                    kwargs[fname] = [] if mutable_absent else absent
+                    continue
+                if voff < 4 or voff + size > tsize:
+                    raise ProgramError(f"{_join(path, fname)}: field at table offset {voff} lies outside the "
+                                       f"table ({tsize} bytes) at byte {pos}")
+                kwargs[fname] = read(pos + voff, _join(path, fname))
+            for fname, slot, uname, members in unions:
+                fpath = _join(path, fname)
+                tvoff = voffs[slot - 1] if slot - 1 < nslots else 0
+                vvoff = voffs[slot] if slot < nslots else 0
+                if tvoff == 0 or vvoff == 0:
+                    raise ProgramError(f"{fpath}: {uname} value is missing")
+                if tvoff + 1 > tsize or tvoff < 4 or vvoff < 4 or vvoff + 4 > tsize:
+                    raise ProgramError(f"{fpath}: union field lies outside the table at byte {pos}")
+                utype = self.buf[pos + tvoff]
+                if not 1 <= utype <= len(members):
+                    raise ProgramError(f"{fpath}: unknown {uname} type {utype} (known: 1..{len(members)})")
+                member = members[utype - 1]
+                kwargs[fname] = self.decoders[member](self._deref(pos + vvoff, fpath), fpath)
+            return cls(**kwargs)
+
+        return decode
+
+
+@dataclass
+class LoadedPte:
+    """A parsed program plus zero-copy views into the original buffer."""
+
+    program: Program
+    data: memoryview
+    program_size: int
+    header: Optional[ExtendedHeader]
+    segments: list[memoryview]
+    inline_constants: list[memoryview] = field(default_factory=list)
+    inline_delegate_data: list[memoryview] = field(default_factory=list)
+
+    @property
+    def num_constants(self) -> int:
+        """Entries of constant data (including the reserved entry 0)."""
+        cs = self.program.constant_segment
+        return len(cs.offsets) if cs is not None and cs.offsets else len(self.program.constant_buffer)
+
+    def constant(self, index: int) -> memoryview:
+        """Bytes of constant ``index``: up to the next constant's start (padding included), like ExecuTorch."""
+        cs = self.program.constant_segment
+        if cs is not None and cs.offsets:
+            if not 0 <= index < len(cs.offsets):
+                raise ProgramError(f"constant index {index} out of range (0..{len(cs.offsets) - 1})")
+            seg = self.segments[cs.segment_index] if len(cs.offsets) > 1 else self.data[0:0]
+            end = cs.offsets[index + 1] if index + 1 < len(cs.offsets) else len(seg)
+            return seg[cs.offsets[index]:max(end, cs.offsets[index])]
+        if not 0 <= index < len(self.inline_constants):
+            raise ProgramError(f"constant index {index} out of range (0..{len(self.inline_constants) - 1})")
+        return self.inline_constants[index]
+
+    def tensor_data(self, tensor: schema.Tensor, *, where: str = "tensor") -> memoryview:
+        """Exactly the bytes of a constant tensor (or the initial value of a mutable one), bounds-checked."""
+        nbytes = tensor_nbytes(tensor, where)
+        idx = tensor.data_buffer_idx
+        if idx == 0:
+            raise ProgramError(f"{where}: has no constant data (data_buffer_idx 0)")
+        if tensor.allocation_info is None:
+            cs = self.program.constant_segment
+            if cs is not None and cs.offsets:
+                if idx >= len(cs.offsets):
+                    raise ProgramError(f"{where}: data_buffer_idx {idx} out of range ({len(cs.offsets)} constants)")
+                seg = self.segments[cs.segment_index]
+                start = cs.offsets[idx]
+            else:
+                seg, start = self.constant(idx), 0
+        else:
+            info = tensor.extra_tensor_info
+            mds = self.program.mutable_data_segments or []
+            m = info.mutable_data_segments_idx if info is not None else 0
+            if m >= len(mds) or idx >= len(mds[m].offsets):
+                raise ProgramError(f"{where}: no mutable data entry {idx} in mutable_data_segments[{m}]")
+            seg, start = self.segments[mds[m].segment_index], mds[m].offsets[idx]
+        if start + nbytes > len(seg):
+            raise ProgramError(f"{where}: {nbytes} bytes of data at offset {start} run past the end of its "
+                               f"segment ({len(seg)} bytes)")
+        return seg[start:start + nbytes]
+
+    def delegate_data(self, plan: Union[int, str], delegate_index: int) -> memoryview:
+        """Processed bytes of ``execution_plan[plan].delegates[delegate_index]`` (inline or segment)."""
+        plans = self.program.execution_plan
+        if isinstance(plan, str):
+            matches = [i for i, p in enumerate(plans) if p.name == plan]
+            if not matches:
+                raise ProgramError(f"no method named {plan!r}; methods: {[p.name for p in plans]}")
+            plan = matches[0]
+        if not 0 <= plan < len(plans) or not 0 <= delegate_index < len(plans[plan].delegates):
+            raise ProgramError(f"no delegate {delegate_index} in execution_plan[{plan}]")
+        ref = plans[plan].delegates[delegate_index].processed
+        assert ref is not None  # checked by load_pte
+        if ref.location == DataLocation.SEGMENT:
+            return self.segments[ref.index]
+        return self.inline_delegate_data[ref.index]
+
+    def named_data(self, key: str) -> memoryview:
+        """Bytes stored under ``key`` in ``Program.named_data``."""
+        for entry in self.program.named_data or []:
+            if entry.key == key:
+                return self.segments[entry.segment_index]
+        raise ProgramError(f"no named data {key!r}")
+
+
+def tensor_nbytes(tensor: schema.Tensor, where: str = "tensor") -> int:
+    """Byte size of ``tensor`` from its sizes and scalar type (``ProgramError`` if they are invalid)."""
+    try:
+        elem = schema.element_size(tensor.scalar_type)
+    except ValueError:
+        raise ProgramError(f"{where}: unknown scalar_type {int(tensor.scalar_type)}") from None
+    if any(s < 0 for s in tensor.sizes):
+        raise ProgramError(f"{where}: negative size in {tensor.sizes}")
+    return math.prod(tensor.sizes) * elem
+
+
+def _check_semantics(lp: LoadedPte) -> None:
+    p = lp.program
+    nseg = len(p.segments)
+
+    def seg_index(index: int, where: str) -> None:
+        if not 0 <= index < nseg:
+            raise ProgramError(f"{where}: segment index {index} out of range ({nseg} segments)")
+
+    cs = p.constant_segment
+    if cs is not None and len(cs.offsets) > 1:
+        if p.constant_buffer:
+            raise ProgramError(f"program has both constant_buffer ({len(p.constant_buffer)} entries) and "
+                               f"constant_segment.offsets ({len(cs.offsets)} entries)")
+        seg_index(cs.segment_index, "constant_segment")
+        size = len(lp.segments[cs.segment_index])
+        for i, off in enumerate(cs.offsets):
+            if off > size:
+                raise ProgramError(f"constant_segment.offsets[{i}]: {off} is past the segment end ({size})")
+    for m, sub in enumerate(p.mutable_data_segments or []):
+        seg_index(sub.segment_index, f"mutable_data_segments[{m}]")
+        size = len(lp.segments[sub.segment_index])
+        for i, off in enumerate(sub.offsets):
+            if off > size:
+                raise ProgramError(f"mutable_data_segments[{m}].offsets[{i}]: {off} is past the segment end ({size})")
+    keys: set[str] = set()
+    for i, nd in enumerate(p.named_data or []):
+        seg_index(nd.segment_index, f"named_data[{i}] ({nd.key!r})")
+        if nd.key in keys:
+            raise ProgramError(f"named_data[{i}]: duplicate key {nd.key!r}")
+        keys.add(nd.key)
+    nconst = lp.num_constants
+    nmut = [len(s.offsets) for s in p.mutable_data_segments or []]
+    for pi, plan in enumerate(p.execution_plan):
+        for di, d in enumerate(plan.delegates):
+            where = f"execution_plan[{pi}].delegates[{di}].processed"
+            ref = d.processed
+            if ref is None:
+                raise ProgramError(f"{where}: missing")
+            if ref.location == DataLocation.INLINE:
+                if ref.index >= len(p.backend_delegate_data):
+                    raise ProgramError(f"{where}: inline index {ref.index} out of range "
+                                       f"({len(p.backend_delegate_data)} entries in backend_delegate_data)")
+            elif ref.location == DataLocation.SEGMENT:
+                seg_index(ref.index, where)
+            else:
+                raise ProgramError(f"{where}: unknown DataLocation {int(ref.location)}")
+        for vi, value in enumerate(plan.values):
+            t = value.val
+            if type(t) is not schema.Tensor or t.data_buffer_idx == 0:
+                continue
+            where = f"execution_plan[{pi}].values[{vi}]"
+            info = t.extra_tensor_info
+            if info is not None:
+                if info.location == TensorDataLocation.EXTERNAL:
+                    continue
+                if info.location != TensorDataLocation.SEGMENT:
+                    raise ProgramError(f"{where}: unknown TensorDataLocation {int(info.location)}")
+            if t.allocation_info is None:
+                if t.data_buffer_idx >= nconst:
+                    raise ProgramError(f"{where}: data_buffer_idx {t.data_buffer_idx} out of range "
+                                       f"({nconst} constant entries)")
+            else:
+                m = info.mutable_data_segments_idx if info is not None else 0
+                if m >= len(nmut) or t.data_buffer_idx >= nmut[m]:
+                    raise ProgramError(f"{where}: data_buffer_idx {t.data_buffer_idx} has no entry in "
+                                       f"mutable_data_segments[{m}]")
+
+
+def load_pte(data: Union[bytes, bytearray, memoryview, Any]) -> LoadedPte:
+    """Parse and check a ``.pte`` file held in ``data`` (bytes, memoryview, mmap); views keep ``data`` alive."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise ProgramError(f"cannot read a program from {type(data).__name__}") from None
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    n = len(view)
+    if n < 8:
+        raise ProgramError(f"file is {n} bytes, too short for a program (at least 8)")
+    lay = layout()
+    ident = bytes(view[4:8])
+    if ident != lay.file_identifier:
+        raise ProgramError(f"file identifier is {ident!r}, expected {lay.file_identifier!r} (not a .pte program)")
+    header = parse_extended_header(view)
+    program_size = header.program_size if header else n
+    dec = _Decoder(lay, view, program_size)
+    (root,) = _u32(view, 0)
+    if root < 8 or root >= program_size:
+        raise ProgramError(f"root table offset {root} is outside the program ({program_size} bytes)")
+    program = dec.table("Program", root, "")
+
+    base = header.segment_base_offset if header else 0
+    limit = (base + header.segment_data_size) if header and header.segment_data_size else n
+    segments = []
+    for i, seg in enumerate(program.segments):
+        if seg.size == 0:
+            segments.append(view[0:0])
+            continue
+        if base == 0:
+            raise ProgramError(f"segments[{i}]: {seg.size} bytes of segment data but the file has no "
+                               "extended header with a segment base offset")
+        start = base + seg.offset
+        if start + seg.size > limit:
+            raise ProgramError(f"segments[{i}]: [{start}, {start + seg.size}) runs past the end of the segment data "
+                               f"({limit} bytes)")
+        segments.append(view[start:start + seg.size])
+    lp = LoadedPte(program, view, program_size, header, segments,
+                   [view[s:s + c] for s, c in dec.byte_spans["Buffer"]],
+                   [view[s:s + c] for s, c in dec.byte_spans["BackendDelegateInlineData"]])
+    _check_semantics(lp)
+    return lp
