@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import sympy
 import torch
 from torch.export import ExportedProgram
+from torch.utils._sympy.numbers import int_oo
 
 from edgeport.aot.config import ExecutorchBackendConfig
 from edgeport.aot.emitter import MethodEmitter, PlannedTensor, ProgramTables, emit_constant_method
@@ -43,7 +45,7 @@ def _upper_bound(dim: Any, where: str) -> int:
     node = getattr(dim, "node", None)
     if node is not None and node.shape_env is not None:
         upper = node.shape_env.bound_sympy(node.expr).upper
-        if upper.is_finite:
+        if upper not in (int_oo, sympy.oo) and upper.is_number:
             return int(upper)
     raise UnsupportedOperatorError(
         f"{where}: dynamic dimension {dim} has no upper bound; export with torch.export.Dim(name, max=...)"
@@ -104,15 +106,9 @@ def to_execution_program(ep: ExportedProgram, config: ExecutorchBackendConfig) -
     work = new_exported_program(ep, gm, copy.deepcopy(ep.graph_signature))
     if config.passes:
         work = transform_program(work, list(config.passes))
+    # In place, after construction: torch's ATen verifier (all ops functional) does not apply to out variants.
     to_out_variants(work.graph_module)
-    return _unchecked_program(work)
-
-
-def _unchecked_program(ep: ExportedProgram) -> ExportedProgram:
-    """Wrap the execution-dialect graph in an ExportedProgram without re-running torch's ATen verifier."""
-    from edgeport.aot.execution_verifier import ExecutionDialectVerifier
-
-    return new_exported_program(ep, ep.graph_module, ep.graph_signature, verifiers=[ExecutionDialectVerifier])
+    return work
 
 
 class ExecutorchProgramManager:

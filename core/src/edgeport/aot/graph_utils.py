@@ -103,7 +103,7 @@ def new_exported_program(
     verifiers: Iterable[type] | None = None,
 ) -> ExportedProgram:
     """An ExportedProgram like ``ep`` but with a new graph module and signature."""
-    return ExportedProgram(
+    new = ExportedProgram(
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
@@ -114,6 +114,15 @@ def new_exported_program(
         constants=ep.constants if constants is None else constants,
         verifiers=list(verifiers) if verifiers is not None else list(ep.verifiers),
     )
+    keep_children(gm, new.graph_module)
+    return new
+
+
+def keep_children(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Carry lowered modules (attributes no get_attr node names) over to a rebuilt graph module."""
+    for name, child in source.named_children():
+        if not hasattr(target, name):
+            setattr(target, name, child)
 
 
 def prune_state(ep_state: dict, constants: dict, signature: ExportGraphSignature) -> tuple[dict, dict]:

@@ -61,7 +61,7 @@ def out_variant(op: OpOverload) -> OpOverload:
 def _alloc_spec(val: object) -> tuple[tuple[object, ...], torch.dtype]:
     if not isinstance(val, torch.Tensor):
         raise UnsupportedOperatorError(f"expected a tensor result, got {type(val).__name__}")
-    return tuple(val.shape), val.dtype
+    return tuple(d if isinstance(d, int) else str(d) for d in val.shape), val.dtype
 
 
 def to_out_variants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
