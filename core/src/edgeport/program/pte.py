@@ -177,7 +177,8 @@ def serialize_pte(
     ``program`` is not modified. Its constants are expected in ``constant_buffer`` (``[Buffer(b""), ...]``,
     entry 0 = no data) and its delegate blobs inline in ``backend_delegate_data``; ``segments`` must be empty.
     With ``extract_constant_segment`` the constants move to the constant segment, each aligned to
-    ``constant_tensor_alignment`` (default 16); with ``extract_delegate_segments`` non-empty delegate blobs move
+    ``constant_tensor_alignment`` (default 16; an empty ``constant_buffer`` counts as ``[Buffer(b"")]``, which
+    the runtime needs); with ``extract_delegate_segments`` non-empty delegate blobs move
     to segments. ``segment_alignment`` aligns every segment start. ``delegate_alignment`` (default 16) aligns
     blobs left inline; when given it also aligns delegate segments (ExecuTorch aligns those only to
     ``segment_alignment``, which gives the same layout whenever ``delegate_alignment <= segment_alignment``). ``mutable_data`` (initial values of mutable tensors, entry 0
@@ -197,10 +198,13 @@ def serialize_pte(
     program = dataclasses.replace(program, segments=[])  # shallow copy; rewritten fields get new objects
     segments = _Segments(segment_alignment)
 
-    if extract_constant_segment and program.constant_buffer:
-        if program.constant_segment is not None and program.constant_segment.offsets:
+    has_offsets = program.constant_segment is not None and bool(program.constant_segment.offsets)
+    if extract_constant_segment and (program.constant_buffer or not has_offsets):
+        if has_offsets:
             raise SerializationError("program has both constant_buffer and constant_segment.offsets")
-        parts, offsets = _pack_subsegments([b.storage for b in program.constant_buffer], tensor_alignment)
+        # The runtime needs at least the reserved entry 0 (without it, it looks for legacy inline constants).
+        constants = program.constant_buffer or [Buffer(b"")]
+        parts, offsets = _pack_subsegments([b.storage for b in constants], tensor_alignment)
         program.constant_segment = SubsegmentOffsets(segment_index=len(segments.entries), offsets=offsets)
         program.constant_buffer = []
         segments.add(parts)
