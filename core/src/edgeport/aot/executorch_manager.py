@@ -16,7 +16,7 @@ from torch.utils._sympy.numbers import int_oo
 
 from edgeport.aot.config import ExecutorchBackendConfig
 from edgeport.aot.emitter import MethodEmitter, PlannedTensor, ProgramTables, emit_constant_method
-from edgeport.aot.graph_utils import new_exported_program
+from edgeport.aot.graph_utils import copy_program
 from edgeport.aot.memory_planning import MemoryPlan, TensorLifetime, plan_memory
 from edgeport.aot.passes.out_variants import storage_root, to_out_variants
 from edgeport.aot.transform import transform_program
@@ -100,10 +100,7 @@ def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfi
 
 def to_execution_program(ep: ExportedProgram, config: ExecutorchBackendConfig) -> ExportedProgram:
     """User passes, then out-variant conversion, on a copy of ``ep``."""
-    gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph))
-    for name, child in ep.graph_module.named_children():
-        setattr(gm, name, child)
-    work = new_exported_program(ep, gm, copy.deepcopy(ep.graph_signature))
+    work = copy_program(ep)
     if config.passes:
         work = transform_program(work, list(config.passes))
     # In place, after construction: torch's ATen verifier (all ops functional) does not apply to out variants.

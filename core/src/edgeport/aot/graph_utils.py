@@ -147,3 +147,13 @@ def placeholder_tensor(ep: ExportedProgram, node: torch.fx.Node) -> torch.Tensor
         return ep.state_dict[spec.target]
     value = ep.constants.get(spec.target)
     return value if isinstance(value, torch.Tensor) else None
+
+
+def copy_program(ep: ExportedProgram) -> ExportedProgram:
+    """A copy of ``ep`` whose graph can be tagged and rewritten; tensors (state_dict, constants) are shared."""
+    gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph))
+    keep_children(ep.graph_module, gm)
+    gm.meta.update(ep.graph_module.meta)
+    # Copying a graph may rename nodes (e.g. a placeholder called "input"): rebuild the signature from it.
+    signature = rebuild_signature(gm.graph, ep.graph_signature)
+    return new_exported_program(ep, gm, signature, state_dict=dict(ep.state_dict), constants=dict(ep.constants))

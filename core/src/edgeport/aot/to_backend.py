@@ -27,6 +27,7 @@ from torch.export.graph_signature import (
 
 from edgeport.aot.delegate_op import CALL_DELEGATE
 from edgeport.aot.graph_utils import (
+    copy_program,
     graph_fingerprint,
     input_spec_by_name,
     new_exported_program,
@@ -80,20 +81,10 @@ def lower_program(backend_id: str, program: ExportedProgram, compile_specs: list
     return LoweredBackendModule(program, backend_id, bytes(result.processed_bytes), compile_specs, result.debug_handle_map)
 
 
-def _copy_program(ep: ExportedProgram) -> ExportedProgram:
-    """A copy whose graph can be tagged and rewritten; tensors (state_dict, constants) are shared."""
-    gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph))
-    for name, value in ep.graph_module.named_children():
-        setattr(gm, name, value)
-    gm.meta.update(ep.graph_module.meta)
-    return new_exported_program(ep, gm, copy.deepcopy(ep.graph_signature), state_dict=dict(ep.state_dict),
-                                constants=dict(ep.constants))
-
-
 def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> ExportedProgram:
     """Ask ``partitioner`` for tags, check its result, and replace each partition with a delegate call."""
     name = type(partitioner).__name__
-    work = _copy_program(ep)
+    work = copy_program(ep)
     for node in work.graph.nodes:
         node.meta.pop(DELEGATION_TAG, None)
     before = graph_fingerprint(work.graph)

@@ -30,8 +30,17 @@ def _out_args(schema: torch._C.FunctionSchema) -> list[torch._C.Argument]:
     return [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
 
-def _signature(schema: torch._C.FunctionSchema) -> list[tuple[str, str]]:
-    return [(a.name, str(a.type)) for a in schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+# Tensor-creation options that the out tensor itself fixes; functional overloads have them, out overloads not.
+CREATION_KWARGS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _signature(schema: torch._C.FunctionSchema, *, drop_creation: bool = False) -> list[tuple[str, str]]:
+    return [
+        (a.name, str(a.type))
+        for a in schema.arguments
+        if not (a.alias_info and a.alias_info.is_write)
+        and not (drop_creation and a.kwarg_only and a.name in CREATION_KWARGS)
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,6 +49,7 @@ def out_variant(op: OpOverload) -> OpOverload:
     if _out_args(op._schema):
         return op
     want = _signature(op._schema)
+    loose = _signature(op._schema, drop_creation=True)
     candidates = []
     for name in op.overloadpacket.overloads():
         overload = getattr(op.overloadpacket, name)
@@ -47,7 +57,7 @@ def out_variant(op: OpOverload) -> OpOverload:
         outs = _out_args(schema)
         if not outs or len(outs) != max(1, len(op._schema.returns)):
             continue
-        if _signature(schema) == want:
+        if _signature(schema) in (want, loose):
             candidates.append(overload)
     if not candidates:
         raise UnsupportedOperatorError(
@@ -85,7 +95,8 @@ def to_out_variants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             raise UnsupportedOperatorError(
                 f"node {node.name!r}: {node.target} returns {len(vals)} values but {out_op} has {len(outs)} outputs"
             )
-        kwargs = dict(node.kwargs)
+        accepted = {a.name for a in out_op._schema.arguments}
+        kwargs = {k: v for k, v in node.kwargs.items() if k in accepted}
         with graph.inserting_before(node):
             for arg, val in zip(outs, vals):
                 a = graph.call_function(alloc, (_alloc_spec(val),))
