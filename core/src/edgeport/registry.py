@@ -234,6 +234,13 @@ class _PluginHost:
 _host = _PluginHost()
 
 
+def reload_plugins() -> None:
+    """Forget every loaded plugin and discover them again (after installing one, or changing the environment
+    switches). Plugins registered with :func:`register_plugin` must be registered again."""
+    global _host
+    _host = _PluginHost()
+
+
 def register_plugin(plugin: object | ModuleType, name: str | None = None) -> str:
     """Register a plugin object (a module or an object with ``@hookimpl`` methods) defined outside a package.
 

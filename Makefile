@@ -1,0 +1,23 @@
+# The README's two commands. Both install what they need first (scripts/install.sh is idempotent).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test test-all bench lint
+
+install:
+	VENV=$(VENV) bash scripts/install.sh
+
+demo: install
+	$(PY) scripts/demo.py
+
+test: install
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/lowering.py
+
+lint:
+	$(VENV)/bin/ruff check core plugins tests bench scripts

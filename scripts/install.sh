@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs everything edgeport's development needs into a virtual environment (default: .venv), from nothing.
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP="$VENV/bin/pip --disable-pip-version-check -q"
+# torch first and pinned: the CPU wheel of 2.13.0 (any other version would pull CUDA packages).
+$PIP install "torch==2.13.0"
+$PIP install -e ./core -e ./plugins/example
+# Test tools, the quantization flow, and the test-only oracle (the stock ExecuTorch runtime).
+$PIP install "pytest>=8" "hypothesis>=6" "torchao==0.18.0" "executorch==1.5.1" "torch==2.13.0"
