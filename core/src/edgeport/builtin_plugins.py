@@ -7,4 +7,6 @@ from types import ModuleType
 
 def plugins() -> list[tuple[str, ModuleType]]:
     """(name, module) for each built-in plugin. Imports are local so that ``edgeport`` imports stay light."""
-    return []
+    from edgeport.runtime import portable_plugin
+
+    return [("edgeport-portable-kernels", portable_plugin)]

@@ -1,0 +1,303 @@
+"""The public runtime API, mirroring ``executorch.runtime``: Runtime -> Program -> Method."""
+
+from __future__ import annotations
+
+import mmap as _mmap
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Union
+
+import numpy as np
+
+from edgeport.errors import ProgramError
+from edgeport.program import schema as S
+from edgeport.program.reader import LoadedPte, load_pte
+from edgeport.program.verify import verify_program
+from edgeport.runtime._method import MethodPlan, MethodProfile, MethodRunner, TensorInfo
+
+__all__ = ["Runtime", "Program", "Method", "MethodMeta", "TensorInfo", "LoadedProgram", "load"]
+
+ProgramSource = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
+
+
+@dataclass(frozen=True)
+class MethodMeta:
+    """Inputs, outputs and memory of one method, read from the program without loading it.
+
+    ``inputs``/``outputs`` hold a :class:`TensorInfo` per tensor (``dtype``, ``shape`` — the upper bound when
+    ``dynamic``) or the Python type of a scalar. The ``executorch.runtime``-style accessors (``num_inputs()``,
+    ``input_tensor_meta(i)``, ...) are provided as well.
+    """
+
+    name: str
+    inputs: tuple[Any, ...]
+    outputs: tuple[Any, ...]
+    memory_planned_buffer_sizes: tuple[int, ...]
+    backends: tuple[str, ...]
+    operators: tuple[str, ...]
+
+    @property
+    def input_dtypes(self) -> list[np.dtype | None]:
+        return [i.dtype if isinstance(i, TensorInfo) else None for i in self.inputs]
+
+    @property
+    def input_shapes(self) -> list[tuple[int, ...] | None]:
+        return [i.shape if isinstance(i, TensorInfo) else None for i in self.inputs]
+
+    @property
+    def output_dtypes(self) -> list[np.dtype | None]:
+        return [o.dtype if isinstance(o, TensorInfo) else None for o in self.outputs]
+
+    @property
+    def output_shapes(self) -> list[tuple[int, ...] | None]:
+        return [o.shape if isinstance(o, TensorInfo) else None for o in self.outputs]
+
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    def input_tensor_meta(self, index: int) -> TensorInfo:
+        return self._tensor(self.inputs, index, "input")
+
+    def output_tensor_meta(self, index: int) -> TensorInfo:
+        return self._tensor(self.outputs, index, "output")
+
+    def num_memory_planned_buffers(self) -> int:
+        return len(self.memory_planned_buffer_sizes)
+
+    def memory_planned_buffer_size(self, index: int) -> int:
+        return self.memory_planned_buffer_sizes[index]
+
+    def uses_backend(self, backend_id: str) -> bool:
+        return backend_id in self.backends
+
+    @staticmethod
+    def _tensor(infos: tuple[Any, ...], index: int, what: str) -> TensorInfo:
+        info = infos[index]
+        if not isinstance(info, TensorInfo):
+            raise TypeError(f"{what} {index} is a {getattr(info, '__name__', info)}, not a tensor")
+        return info
+
+
+def _meta_of(plan: S.ExecutionPlan) -> MethodMeta:
+    values = plan.values
+
+    def info(idx: int) -> Any:
+        if not 0 <= idx < len(values):
+            raise ProgramError(f"method {plan.name!r}: input/output value {idx} out of range")
+        v = values[idx].val
+        if isinstance(v, S.Tensor):
+            try:
+                dtype = S.numpy_dtype(v.scalar_type)
+            except ValueError as exc:
+                raise ProgramError(f"method {plan.name!r}: values[{idx}]: {exc}") from None
+            return TensorInfo(dtype, tuple(v.sizes), int(v.shape_dynamism) != 0, v.allocation_info is not None,
+                              tuple(v.dim_order))
+        return {S.Int: int, S.Double: float, S.Bool: bool, S.String: str, S.Null: type(None)}.get(type(v), object)
+
+    return MethodMeta(
+        plan.name,
+        tuple(info(i) for i in plan.inputs),
+        tuple(info(i) for i in plan.outputs),
+        tuple(plan.non_const_buffer_sizes[1:]),
+        tuple(sorted({d.id for d in plan.delegates})),
+        tuple(f"{o.name}.{o.overload}" if o.overload else o.name for o in plan.operators),
+    )
+
+
+class Method:
+    """A loaded method. ``execute`` is safe to call from several threads at once (each run gets its own
+    planned memory); delegates whose executor is not declared ``thread_safe`` are called one at a time."""
+
+    def __init__(self, program: Program, plan: MethodPlan) -> None:
+        self._program = program
+        self._plan = plan
+        self._runner = MethodRunner(plan)
+        self._finalizer = weakref.finalize(self, plan.destroy)
+
+    @property
+    def name(self) -> str:
+        return self._plan.name
+
+    @property
+    def metadata(self) -> MethodMeta:
+        return _meta_of(self._plan.plan)
+
+    @property
+    def profile(self) -> MethodProfile:
+        """Kernel library per op, the executor or portable fallback of each delegate, run counters."""
+        return self._plan.profile
+
+    def execute(self, inputs: Sequence[Any]) -> list[Any]:
+        """Run the method on ``inputs`` (numpy arrays, or torch tensors when torch is installed, or scalars);
+        returns the outputs as numpy arrays (fresh copies) or Python scalars."""
+        if self._plan is None:
+            raise RuntimeError(f"method {self.name!r} has been released")
+        if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
+            inputs = list(inputs) if isinstance(inputs, Iterator) else [inputs]
+        return self._runner.run(inputs)
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        return self.execute(inputs)
+
+    def release(self) -> None:
+        """Destroy delegate handles now (also happens when the method is garbage collected)."""
+        self._finalizer()
+
+    def __enter__(self) -> Method:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return f"<edgeport Method {m.name!r}: {len(m.inputs)} inputs, {len(m.outputs)} outputs>"
+
+
+class Program:
+    """A loaded ``.pte`` program (memory-mapped or in memory): its methods and their metadata."""
+
+    def __init__(self, loaded: LoadedPte, source: Any, kernels: Any = None) -> None:
+        self._loaded = loaded
+        self._source = source  # keeps the mmap / bytes alive while views exist
+        self._kernels = kernels
+        self._names = [p.name for p in loaded.program.execution_plan]
+
+    @property
+    def method_names(self) -> set[str]:
+        return set(self._names)
+
+    @property
+    def program(self) -> S.Program:
+        """The decoded program tree."""
+        return self._loaded.program
+
+    def _plan_index(self, name: str) -> int:
+        if name not in self._names:
+            raise ProgramError(f"no method named {name!r} in the program; methods: {sorted(self._names)}")
+        return self._names.index(name)
+
+    def metadata(self, method_name: str) -> MethodMeta:
+        return _meta_of(self._loaded.program.execution_plan[self._plan_index(method_name)])
+
+    def load_method(self, name: str = "forward", *, allow_fallback: bool = False) -> Method:
+        """Resolve kernels and delegates of ``name`` and return a runnable :class:`Method`.
+
+        Raises ``UnsupportedOperatorError`` for an op without a kernel and ``BackendNotFoundError`` for a
+        delegate whose backend is not installed or not available — at load, never mid-run. With
+        ``allow_fallback=True`` such a delegate runs on the portable fallback the program carries for it (a
+        method named by the delegate's ``edgeport.portable_fallback`` compile spec); ``method.profile`` lists
+        every fallback taken.
+        """
+        from edgeport.registry import kernel_registry
+
+        kernels = self._kernels if self._kernels is not None else kernel_registry()
+        plan = MethodPlan(self, self._plan_index(name), kernels, allow_fallback=allow_fallback)
+        return Method(self, plan)
+
+    def __repr__(self) -> str:
+        return f"<edgeport Program methods={sorted(self._names)}>"
+
+
+class Runtime:
+    """Entry point of edgeport's torch-free runtime (``Runtime.get()`` returns the process-wide instance)."""
+
+    _instance: Runtime | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self, kernels: Any = None) -> None:
+        self._kernels = kernels
+
+    @staticmethod
+    def get() -> Runtime:
+        with Runtime._instance_lock:
+            if Runtime._instance is None:
+                Runtime._instance = Runtime()
+            return Runtime._instance
+
+    @property
+    def operator_names(self) -> set[str]:
+        """Ops that have a registered kernel."""
+        from edgeport.registry import kernel_registry
+
+        return set((self._kernels or kernel_registry()).ops())
+
+    @property
+    def backend_names(self) -> list[str]:
+        from edgeport.registry import list_backends
+
+        return [b.backend_id for b in list_backends()]
+
+    def load_program(self, data: ProgramSource, *, mmap: bool = True, verification: bool = True) -> Program:
+        """Load a program from a path (memory-mapped by default: constants stay zero-copy views of the file),
+        bytes-like data or a binary file object. Every defect raises ``ProgramError``."""
+        source: Any
+        if isinstance(data, (str, os.PathLike)):
+            path = Path(data)
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if mmap and size > 0:
+                        source = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
+                    else:
+                        source = f.read()
+            except OSError as exc:
+                raise ProgramError(f"cannot read program file {str(path)!r}: {exc}") from exc
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            source = data
+        elif hasattr(data, "read"):
+            source = data.read()
+        else:
+            raise TypeError(f"load_program expects a path, bytes or a binary file, got {type(data).__name__}")
+        loaded = load_pte(source)
+        if verification:
+            verify_program(loaded.program)
+        return Program(loaded, source, self._kernels)
+
+
+class LoadedProgram:
+    """What :func:`load` returns: every method is an attribute (``m.forward(x)``) or an item (``m["forward"]``)."""
+
+    def __init__(self, program: Program, allow_fallback: bool = False) -> None:
+        self.program = program
+        self._allow_fallback = allow_fallback
+        self._methods: dict[str, Method] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def method_names(self) -> set[str]:
+        return self.program.method_names
+
+    def __getitem__(self, name: str) -> Method:
+        with self._lock:
+            m = self._methods.get(name)
+            if m is None:
+                m = self._methods[name] = self.program.load_method(name, allow_fallback=self._allow_fallback)
+            return m
+
+    def __getattr__(self, name: str) -> Method:
+        if name.startswith("_") or name not in self.__dict__.get("program").method_names:
+            raise AttributeError(name)
+        return self[name]
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        return self["forward"].execute(inputs)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | self.method_names)
+
+    def __repr__(self) -> str:
+        return f"<edgeport program methods={sorted(self.method_names)}>"
+
+
+def load(path_or_bytes: ProgramSource, *, allow_fallback: bool = False, mmap: bool = True) -> LoadedProgram:
+    """Load a ``.pte`` and return an object whose methods are callables: ``edgeport.load(p).forward(x)``
+    (or ``edgeport.load(p)(x)`` for ``forward``); each returns a list of numpy arrays."""
+    return LoadedProgram(Runtime.get().load_program(path_or_bytes, mmap=mmap), allow_fallback)
