@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -85,13 +86,26 @@ def parse_extended_header(data: Any) -> Optional[ExtendedHeader]:
 class _Decoder:
     """Schema-driven flatbuffer decoder over ``buf[:end]`` with bounds checks everywhere."""
 
-    def __init__(self, lay: Layout, buf: memoryview, end: int) -> None:
-        self.lay, self.buf, self.end = lay, buf, end
-        self.budget = _BUDGET_FACTOR * end + _BUDGET_SLACK
+    def __init__(self, lay: Layout) -> None:
+        self.lay = lay
+        self.buf: Any = None
+        self.end = 0
+        self.budget = 0
         self.byte_spans: dict[str, list[tuple[int, int]]] = {"Buffer": [], "BackendDelegateInlineData": []}
         self.decoders: dict[str, Callable[[int, str], Any]] = {}
         for name in lay.tables:
             self.decoders[name] = self._make_table_decoder(name)
+
+    def start(self, buf: memoryview, end: int) -> None:
+        """Prepare to decode ``buf[:end]`` (decoders are built once and reused)."""
+        self.buf, self.end = buf, end
+        self.budget = _BUDGET_FACTOR * end + _BUDGET_SLACK
+        for spans in self.byte_spans.values():
+            spans.clear()
+
+    def finish(self) -> None:
+        """Drop the reference to the buffer (an mmap can only close once no view of it is alive)."""
+        self.buf = None
 
     # ------------------------------------------------------------------ primitives
     def _spend(self, nbytes: int, path: str) -> None:
@@ -151,17 +165,16 @@ class _Decoder:
     # ------------------------------------------------------------------ per-table decoders
     def _make_field_reader(self, table: str, f: Field) -> Callable[[int, str], Any]:
         """Function (absolute position of the field, field path) -> Python value."""
-        buf = self.buf
         if f.kind == "scalar":
             unpack = struct.Struct("<" + SCALARS[f.scalar][0]).unpack_from
             if f.ref:  # enum: keep unknown values as plain ints (verify_program reports them)
                 get = {int(m): m for m in self.lay.enums[f.ref][1]}.get
 
                 def read_enum(at: int, path: str) -> Any:
-                    (v,) = unpack(buf, at)
+                    (v,) = unpack(self.buf, at)
                     return get(v, v)
                 return read_enum
-            return lambda at, path: unpack(buf, at)[0]
+            return lambda at, path: unpack(self.buf, at)[0]
         if f.kind == "string":
             return lambda at, path: self._string(self._deref(at, path), path)
         if f.kind == "table":
@@ -174,14 +187,14 @@ class _Decoder:
                 start, count = self._vector(self._deref(at, path), 1, path)
                 if spans is not None:
                     spans.append((start, count))
-                return bytes(buf[start:start + count])
+                return bytes(self.buf[start:start + count])
             return read_bytes
         if f.kind == "vector" and f.elem == "scalar":
             code, size = SCALARS[f.scalar][:2]
 
             def read_scalars(at: int, path: str) -> list[Any]:
                 start, count = self._vector(self._deref(at, path), size, path)
-                return list(struct.unpack_from(f"<{count}{code}", buf, start))
+                return list(struct.unpack_from(f"<{count}{code}", self.buf, start))
             return read_scalars
         if f.kind == "vector" and f.elem == "table":
             ref = f.ref
@@ -190,7 +203,7 @@ class _Decoder:
                 start, count = self._vector(self._deref(at, path), 4, path)
                 decode, end = self.decoders[ref], self.end
                 out = []
-                for i, off in enumerate(struct.unpack_from(f"<{count}I", buf, start)):
+                for i, off in enumerate(struct.unpack_from(f"<{count}I", self.buf, start)):
                     p = start + 4 * i
                     if off == 0 or p + off >= end:
                         raise ProgramError(f"{path}[{i}]: offset {off} at byte {p} points outside the buffer")
@@ -254,7 +267,19 @@ class _Decoder:
                 kwargs[fname] = self.decoders[member](self._deref(pos + vvoff, fpath), fpath)
             return cls(**kwargs)
 
-        return decode
+        spans = self.byte_spans.get(name)
+        if spans is None:
+            return decode
+
+        def decode_recording_span(pos: int, path: str) -> Any:
+            # keep one span per table, also when its byte vector is absent
+            count = len(spans)
+            obj = decode(pos, path)
+            if len(spans) == count:
+                spans.append((0, 0))
+            return obj
+
+        return decode_recording_span
 
 
 @dataclass
@@ -268,6 +293,18 @@ class LoadedPte:
     segments: list[memoryview]
     inline_constants: list[memoryview] = field(default_factory=list)
     inline_delegate_data: list[memoryview] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Release this object's views of the buffer (e.g. before closing an mmap); views handed out to callers
+        must be released by them."""
+        for view in (self.data, *self.segments, *self.inline_constants, *self.inline_delegate_data):
+            view.release()
+
+    def __enter__(self) -> LoadedPte:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     @property
     def num_constants(self) -> int:
@@ -418,6 +455,17 @@ def _check_semantics(lp: LoadedPte) -> None:
                                        f"mutable_data_segments[{m}]")
 
 
+_LOCAL = threading.local()
+
+
+def _decoder() -> _Decoder:
+    """This thread's decoder (building the per-table decoders takes longer than reading a small program)."""
+    dec = getattr(_LOCAL, "decoder", None)
+    if dec is None:
+        dec = _LOCAL.decoder = _Decoder(layout())
+    return dec
+
+
 def load_pte(data: Union[bytes, bytearray, memoryview, Any]) -> LoadedPte:
     """Parse and check a ``.pte`` file held in ``data`` (bytes, memoryview, mmap); views keep ``data`` alive."""
     try:
@@ -435,11 +483,16 @@ def load_pte(data: Union[bytes, bytearray, memoryview, Any]) -> LoadedPte:
         raise ProgramError(f"file identifier is {ident!r}, expected {lay.file_identifier!r} (not a .pte program)")
     header = parse_extended_header(view)
     program_size = header.program_size if header else n
-    dec = _Decoder(lay, view, program_size)
     (root,) = _u32(view, 0)
     if root < 8 or root >= program_size:
         raise ProgramError(f"root table offset {root} is outside the program ({program_size} bytes)")
-    program = dec.table("Program", root, "")
+    dec = _decoder()
+    dec.start(view, program_size)
+    try:
+        program = dec.table("Program", root, "")
+        spans = {name: list(found) for name, found in dec.byte_spans.items()}
+    finally:
+        dec.finish()
 
     base = header.segment_base_offset if header else 0
     limit = (base + header.segment_data_size) if header and header.segment_data_size else n
@@ -457,7 +510,7 @@ def load_pte(data: Union[bytes, bytearray, memoryview, Any]) -> LoadedPte:
                                f"({limit} bytes)")
         segments.append(view[start:start + seg.size])
     lp = LoadedPte(program, view, program_size, header, segments,
-                   [view[s:s + c] for s, c in dec.byte_spans["Buffer"]],
-                   [view[s:s + c] for s, c in dec.byte_spans["BackendDelegateInlineData"]])
+                   [view[s:s + c] for s, c in spans["Buffer"]],
+                   [view[s:s + c] for s, c in spans["BackendDelegateInlineData"]])
     _check_semantics(lp)
     return lp
