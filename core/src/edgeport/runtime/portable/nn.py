@@ -91,10 +91,13 @@ def _conv_forward(x, w, stride, padding, dilation, groups, osp, out):
             s != 1 for s in stride) else x
         np.matmul(w.reshape(O, C), xs.reshape(N, C, P), out=out.reshape(N, O, P))
         return
-    xp = _pad_spatial(x, padding, padding)
     if groups == C and O == C and nsp == 2:
-        _depthwise2d(xp, w, stride, dilation, osp, out)
+        if osp[0] * osp[1] <= 2 * C:
+            _depthwise2d_nhwc(x, w, stride, padding, dilation, osp, out)
+        else:
+            _depthwise2d(_pad_spatial(x, padding, padding), w, stride, dilation, osp, out)
         return
+    xp = _pad_spatial(x, padding, padding)
     G = groups
     Cg, Og = C // G, O // G
     sN, sC = xp.strides[:2]
@@ -126,6 +129,33 @@ def _depthwise2d(xp, w, stride, dilation, osp, out):
             else:
                 np.multiply(view, tap, out=tmp)
                 out += tmp
+
+
+def _depthwise2d_nhwc(x, w, stride, padding, dilation, osp, out, block_elems=32768):
+    """Depthwise convolution in channels-last order: each tap is a multiply-add over rows of C contiguous
+    values (small feature maps with many channels), computed in row blocks that stay in cache."""
+    N, C, H, W = x.shape
+    (sh, sw), (ph, pw), (dh, dw), (Ho, Wo) = stride, padding, dilation, osp
+    kh, kw = w.shape[2:]
+    xp = np.zeros((N, H + 2 * ph, W + 2 * pw, C), dtype=out.dtype)
+    xp[:, ph:ph + H, pw:pw + W, :] = x.transpose(0, 2, 3, 1)
+    acc = np.empty((N, Ho, Wo, C), dtype=out.dtype)
+    wt = np.ascontiguousarray(w.reshape(C, kh * kw).T)
+    rb = max(1, block_elems // max(1, Wo * C))
+    tmp = np.empty((N, min(rb, Ho), Wo, C), dtype=out.dtype)
+    for r0 in range(0, Ho, rb):
+        r1 = min(Ho, r0 + rb)
+        a = acc[:, r0:r1]
+        t = tmp[:, :r1 - r0]
+        for i in range(kh):
+            for j in range(kw):
+                v = xp[:, i * dh + sh * r0: i * dh + sh * (r1 - 1) + 1: sh, j * dw: j * dw + sw * (Wo - 1) + 1: sw, :]
+                if i == 0 and j == 0:
+                    np.multiply(v, wt[0], out=a)
+                else:
+                    np.multiply(v, wt[i * kw + j], out=t)
+                    a += t
+    np.copyto(out, acc.transpose(0, 3, 1, 2))
 
 
 def _conv_transpose(x, w, stride, padding, dilation, output_padding, groups):
