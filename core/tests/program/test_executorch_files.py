@@ -48,13 +48,34 @@ class Linear(torch.nn.Module):
         return torch.sin(self.l(x))
 
 
+class MmAddSin(torch.nn.Module):
+    def forward(self, a, x, b):
+        return torch.sin(torch.mm(a, x) + b)
+
+
+class NamedDataUser(torch.nn.Module):
+    def forward(self, x):
+        y = torch.cos(x + x)
+        return torch.sin(y + y) - y
+
+
+# name -> (model class, inputs, how to lower: None | "xnnpack" | ExecuTorch demo partitioner name)
 _CASES = {
-    "add_mul_sin": (AddMulSin, lambda: (torch.randn(3, 4), torch.randn(3, 4)), False),
-    "conv_relu": (ConvRelu, lambda: (torch.randn(1, 2, 4, 4),), False),
-    "constants": (WithConstants, lambda: (torch.randn(3, 4),), False),
-    "xnnpack_linear": (Linear, lambda: (torch.randn(2, 8),), True),
+    "add_mul_sin": (AddMulSin, lambda: (torch.randn(3, 4), torch.randn(3, 4)), None),
+    "conv_relu": (ConvRelu, lambda: (torch.randn(1, 2, 4, 4),), None),
+    "constants": (WithConstants, lambda: (torch.randn(3, 4),), None),
+    # ExecuTorch's demo backends (not runnable in the runtime): a delegate segment, and named data
+    "demo_delegate": (MmAddSin, lambda: (torch.randn(2, 2), torch.randn(2, 2), torch.randn(2, 2)), "demo"),
+    "demo_named_data": (NamedDataUser, lambda: (torch.randn(1, 2),), "ndm"),
+    # the real XNNPACK delegate: runnable, but lowering takes ~10 s
+    "xnnpack_linear": (Linear, lambda: (torch.randn(2, 8),), "xnnpack"),
 }
+_RUNNABLE = [n for n, case in _CASES.items() if case[2] in (None, "xnnpack")]
 _CACHE: dict[str, tuple] = {}
+
+
+def _params(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if _CASES[n][2] == "xnnpack" else n for n in names]
 
 
 def _build(name: str):
@@ -62,15 +83,23 @@ def _build(name: str):
     if name not in _CACHE:
         from executorch.exir import to_edge, to_edge_transform_and_lower
 
-        cls, make_inputs, xnnpack = _CASES[name]
+        cls, make_inputs, lowering = _CASES[name]
         torch.manual_seed(0)
         model = cls().eval()
         inputs = make_inputs()
         ep = torch.export.export(model, inputs)
-        if xnnpack:
+        if lowering == "xnnpack":
             from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
             pm = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+        elif lowering == "demo":
+            from executorch.exir.backend.test.op_partitioner_demo import AddMulPartitionerDemo
+
+            pm = to_edge(ep).to_backend(AddMulPartitionerDemo()).to_executorch()
+        elif lowering == "ndm":
+            from executorch.exir.backend.test.backend_with_named_data_map import BackendWithNDMPartitioner
+
+            pm = to_edge(ep).to_backend(BackendWithNDMPartitioner()).to_executorch()
         else:
             pm = to_edge(ep).to_executorch()
         _CACHE[name] = (model, inputs, pm)
@@ -81,7 +110,7 @@ def _outputs(result):
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-@pytest.mark.parametrize("name", list(_CASES))
+@pytest.mark.parametrize("name", _params(_CASES))
 def test_reader_matches_executorch_deserialization(et, name):
     from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
     from executorch.exir._serialize._program import _extract_delegate_payload, deserialize_pte_binary
@@ -105,17 +134,22 @@ def test_reader_matches_executorch_deserialization(et, name):
                 assert bytes(got) == want[:len(got)]
                 n_tensors += 1
         for di, d in enumerate(plan.delegates):
-            assert d.processed.location == DataLocation.SEGMENT
-            assert bytes(lp.delegate_data(pi, di)) == _extract_delegate_payload(data, d.id)
+            blob = bytes(lp.delegate_data(pi, di))
+            assert d.processed.location == (DataLocation.SEGMENT if blob else DataLocation.INLINE)
+            assert blob == (_extract_delegate_payload(data, d.id, di) or b"")
     if name in ("conv_relu", "constants"):
         assert n_tensors >= 2
+    if _CASES[name][2] is not None:
+        assert any(plan.delegates for plan in lp.program.execution_plan)
     # named data (XNNPACK stores its weights there)
     store = restored.named_data
+    if name == "demo_named_data":
+        assert len(lp.program.named_data) == 3
     for entry in lp.program.named_data or []:
         assert bytes(lp.named_data(entry.key)) == bytes(store.buffers[store.pte_data[entry.key].buffer_index])
 
 
-@pytest.mark.parametrize("name", list(_CASES))
+@pytest.mark.parametrize("name", _params(_RUNNABLE))
 def test_executorch_runtime_runs_our_serialization_of_its_program(et, name):
     """ExecuTorch's emitted Program (before serialization) -> our serializer -> ExecuTorch runtime == eager."""
     from executorch.runtime import Runtime
