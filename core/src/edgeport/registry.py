@@ -193,6 +193,8 @@ class _PluginHost:
 
     def unregister(self, plugin: object) -> None:
         with self._lock:
+            if not self.pm.is_registered(plugin):
+                return
             self.pm.unregister(plugin)
             self._collect()
 

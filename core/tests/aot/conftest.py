@@ -40,12 +40,14 @@ class DemoPlugin:
                                  partitioner=AddMulPartitionerDemo, description="tutorial demo"))
 
 
-@pytest.fixture(scope="session")
+_PLUGIN = DemoPlugin()
+
+
+@pytest.fixture
 def demo_backend():
-    plugin = DemoPlugin()
-    edgeport.register_plugin(plugin, name="tutorial-demo")
+    edgeport.register_plugin(_PLUGIN, name="tutorial-demo")
     yield DEMO_ID
-    edgeport.unregister_plugin(plugin)
+    edgeport.unregister_plugin(_PLUGIN)
 
 
 @pytest.fixture
