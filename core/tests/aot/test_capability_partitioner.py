@@ -8,13 +8,12 @@ from collections import defaultdict
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from torch.fx import Graph, Node
-
 from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, op_name
 from edgeport.aot.partitioner import DELEGATION_TAG, PartitionResult
 from edgeport.backend import CapabilityTable, CompileSpec, DelegationSpec, OpCapability
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.fx import Graph, Node
 
 aten = torch.ops.aten
 
@@ -119,9 +118,13 @@ def test_constraint_and_node_filter():
     def only_2x2(node: Node) -> str | None:
         return None if tuple(node.meta["val"].shape) == (2, 2) else "only 2x2"
 
-    caps = CapabilityTable((OpCapability("aten.mm.default", constraint=only_2x2), OpCapability("aten.add.Tensor")))
+    caps = CapabilityTable(
+        (OpCapability("aten.mm.default", constraint=only_2x2), OpCapability("aten.add.Tensor"))
+    )
     ep = tutorial_ep()
-    p = CapabilityBasedPartitioner("Demo", caps, node_filter=lambda n: "no second add" if n.name == "add_1" else True)
+    p = CapabilityBasedPartitioner(
+        "Demo", caps, node_filter=lambda n: "no second add" if n.name == "add_1" else True
+    )
     p.partition(ep)
     assert tags_by_name(ep.graph) == {"mm": "tag0", "add": "tag0", "mm_1": "tag1"}
     assert p.rejections["add_1"] == "no second add"
@@ -206,7 +209,14 @@ def test_constants_follow_their_partition():
 
     ep = export(M(), torch.randn(2, 4))
     p = CapabilityBasedPartitioner(
-        "Demo", table("aten.addmm.default", "aten.permute.default", "aten.relu.default", "aten.mul.Tensor", "aten.add.Tensor")
+        "Demo",
+        table(
+            "aten.addmm.default",
+            "aten.permute.default",
+            "aten.relu.default",
+            "aten.mul.Tensor",
+            "aten.add.Tensor",
+        ),
     )
     tags = p.partition(ep).partition_tags
     assert list(tags) == ["tag0", "tag1"]
@@ -309,14 +319,23 @@ def mlp_graph(layers: int, width: int = 8) -> tuple[Graph, set[str]]:
 
 
 def test_mlp_graph_matches_export():
-    ep = export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(2, 8))
+    ep = export(
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU()),
+        torch.randn(2, 8),
+    )
     g, _ = mlp_graph(2)
     exported = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     built = [str(n.target) for n in g.nodes if n.op == "call_function"]
     assert exported == built
 
 
-@pytest.mark.parametrize("supported", [("aten.addmm.default", "aten.permute.default", "aten.relu.default"), ("aten.addmm.default", "aten.permute.default")])
+@pytest.mark.parametrize(
+    "supported",
+    [
+        ("aten.addmm.default", "aten.permute.default", "aten.relu.default"),
+        ("aten.addmm.default", "aten.permute.default"),
+    ],
+)
 def test_deep_mlp_is_fast(supported):
     g, consts = mlp_graph(800)
     assert sum(1 for n in g.nodes if n.op == "call_function") == 2400
@@ -393,7 +412,9 @@ def assert_partition_invariants(g: Graph, p: CapabilityBasedPartitioner, min_siz
             members[tag[n]].append(n)
     # partitions respect the min size
     for t, ms in members.items():
-        assert sum(1 for n in ms if n.op == "call_function" and n.target is not operator.getitem) >= min_size, t
+        assert (
+            sum(1 for n in ms if n.op == "call_function" and n.target is not operator.getitem) >= min_size
+        ), t
     # every partition is weakly connected
     for t, ms in members.items():
         mset = set(ms)
@@ -474,17 +495,27 @@ def test_random_dags_through_export():
 
     rng = random.Random(0)
     for _ in range(3):
-        spec = [(rng.choice(sorted(KINDS)), [rng.randrange(0, 2 + i), rng.randrange(0, 2 + i)]) for i in range(12)]
+        spec = [
+            (rng.choice(sorted(KINDS)), [rng.randrange(0, 2 + i), rng.randrange(0, 2 + i)]) for i in range(12)
+        ]
 
         class M(torch.nn.Module):
+            def __init__(self, spec):
+                super().__init__()
+                self.spec = spec
+
             def forward(self, a, b):
                 vals = [a, b]
-                for kind, args in spec:
+                for kind, args in self.spec:
                     x, y = vals[args[0]], vals[args[1]]
-                    vals.append({"add": torch.add, "mul": torch.mul, "sub": torch.sub}.get(kind, lambda x, y: -x)(x, y))
+                    vals.append(
+                        {"add": torch.add, "mul": torch.mul, "sub": torch.sub}.get(kind, lambda x, y: -x)(
+                            x, y
+                        )
+                    )
                 return tuple(vals[2:])
 
-        ep = export(M(), torch.randn(3), torch.randn(3))
+        ep = export(M(spec), torch.randn(3), torch.randn(3))
         p = CapabilityBasedPartitioner("Demo", table("aten.add.Tensor", "aten.mul.Tensor"))
         p.partition(ep)
         assert_partition_invariants(ep.graph, p, 1)
@@ -492,13 +523,59 @@ def test_random_dags_through_export():
 
 # Graphs on which a partitioner that merged without re-ranking its quotient graph created a cycle.
 REGRESSIONS = [
-    (1, [("neg", [0]), ("add", [1, 1]), ("neg", [2]), ("sub", [2, 3]), ("sub", [3, 1]), ("neg", [4]),
-         ("sub", [5, 6]), ("add", [4, 7]), ("neg", [8]), ("add", [9, 9]), ("mul", [10, 10])], {"mul", "sub", "add"}),
-    (2, [("mul", [0, 1]), ("neg", [2]), ("add", [2, 1]), ("sub", [2, 3]), ("neg", [5]), ("mul", [5, 5]),
-         ("mul", [5, 3]), ("neg", [5]), ("sub", [5, 7]), ("add", [10, 8]), ("add", [7, 6]), ("mul", [12, 11]),
-         ("mul", [12, 13]), ("neg", [13])], {"mul", "neg", "add"}),
-    (3, [("sub", [0, 2]), ("sub", [0, 1]), ("sub", [1, 1]), ("add", [3, 1]), ("mul", [3, 4]), ("neg", [7]),
-         ("add", [5, 5]), ("add", [7, 9]), ("sub", [9, 9]), ("add", [6, 9])], {"sub", "add"}),
+    (
+        1,
+        [
+            ("neg", [0]),
+            ("add", [1, 1]),
+            ("neg", [2]),
+            ("sub", [2, 3]),
+            ("sub", [3, 1]),
+            ("neg", [4]),
+            ("sub", [5, 6]),
+            ("add", [4, 7]),
+            ("neg", [8]),
+            ("add", [9, 9]),
+            ("mul", [10, 10]),
+        ],
+        {"mul", "sub", "add"},
+    ),
+    (
+        2,
+        [
+            ("mul", [0, 1]),
+            ("neg", [2]),
+            ("add", [2, 1]),
+            ("sub", [2, 3]),
+            ("neg", [5]),
+            ("mul", [5, 5]),
+            ("mul", [5, 3]),
+            ("neg", [5]),
+            ("sub", [5, 7]),
+            ("add", [10, 8]),
+            ("add", [7, 6]),
+            ("mul", [12, 11]),
+            ("mul", [12, 13]),
+            ("neg", [13]),
+        ],
+        {"mul", "neg", "add"},
+    ),
+    (
+        3,
+        [
+            ("sub", [0, 2]),
+            ("sub", [0, 1]),
+            ("sub", [1, 1]),
+            ("add", [3, 1]),
+            ("mul", [3, 4]),
+            ("neg", [7]),
+            ("add", [5, 5]),
+            ("add", [7, 9]),
+            ("sub", [9, 9]),
+            ("add", [6, 9]),
+        ],
+        {"sub", "add"},
+    ),
 ]
 
 

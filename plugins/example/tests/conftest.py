@@ -6,7 +6,9 @@ import pytest
 import torch
 
 
-def make_edge_program(module: torch.nn.Module, *args: torch.Tensor, keep_linear: bool = False, dynamic_shapes=None):
+def make_edge_program(
+    module: torch.nn.Module, *args: torch.Tensor, keep_linear: bool = False, dynamic_shapes=None
+):
     """An edge-like program without edgeport's pipeline: export, decompose, and swap view ops for *_copy ones
     (the two normalizations of edgeport's edge dialect that matter for ExampleBackend)."""
     ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)

@@ -8,15 +8,14 @@ import struct
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from edgeport.backend import CompileSpec
 from edgeport.errors import EdgeportError, LoweringError, ProgramError, RuntimeExecutionError
 from edgeport_example import __version__
 from edgeport_example import format as fmt
 from edgeport_example.preprocess import preprocess
 from edgeport_example.runtime import ExampleExecutor
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 def run_blob(blob: bytes, inputs, specs=()):
@@ -35,7 +34,7 @@ def check_against_eager(ep, module, args, atol=1e-6, rtol=1e-6):
         want = module(*args)
     want = (want,) if isinstance(want, torch.Tensor) else tuple(want)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, w.numpy(), rtol=rtol, atol=atol)
     return blob
@@ -154,10 +153,19 @@ def test_blob_layout(edge_program):
     assert doc["compile_specs"] == {"max_value": 4}
     assert doc["inputs"] == ["x"]
     assert doc["outputs"] == ["mul_1", "x"]
-    assert doc["nodes"][0] == {"op": "aten.mul.Tensor", "args": [{"value": "x"}, {"value": "p_w"}], "output": "mul"}
+    assert doc["nodes"][0] == {
+        "op": "aten.mul.Tensor",
+        "args": [{"value": "x"}, {"value": "p_w"}],
+        "output": "mul",
+    }
     assert doc["nodes"][1]["op"] == "aten.add.Tensor" and doc["nodes"][1]["args"][2] == 1  # alpha filled in
     by_name = {c["name"]: c for c in doc["constants"]}
-    expected = {"p_w": module.w, "b_persistent": module.persistent, "b_transient": module.transient, "c_lifted": module.lifted}
+    expected = {
+        "p_w": module.w,
+        "b_persistent": module.persistent,
+        "b_transient": module.transient,
+        "c_lifted": module.lifted,
+    }
     assert set(by_name) == set(expected)
     for name, tensor in expected.items():
         c = by_name[name]
@@ -223,7 +231,9 @@ def test_unsupported_op_names_the_node(edge_program):
 
 
 def test_float64_is_rejected(edge_program):
-    ep = edge_program(Broadcast(), torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64))
+    ep = edge_program(
+        Broadcast(), torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    )
     with pytest.raises(LoweringError, match="float64"):
         preprocess(ep, [])
 
@@ -283,7 +293,12 @@ def good_blob():
 
 def rebuild(doc: dict, data: bytes, version: int = 1) -> bytes:
     raw = json.dumps(doc).encode()
-    return struct.pack("<4sII", b"EPEX", version, len(raw)) + raw + bytes(fmt.data_start(len(raw)) - 12 - len(raw)) + data
+    return (
+        struct.pack("<4sII", b"EPEX", version, len(raw))
+        + raw
+        + bytes(fmt.data_start(len(raw)) - 12 - len(raw))
+        + data
+    )
 
 
 def mutate(blob: bytes, change) -> bytes:

@@ -22,9 +22,13 @@ class ExampleCompileOptions(CompileOptions):
 
     def __post_init__(self) -> None:
         if self.max_value is not None and not (
-            isinstance(self.max_value, int) and not isinstance(self.max_value, bool) and 0 <= self.max_value <= 255
+            isinstance(self.max_value, int)
+            and not isinstance(self.max_value, bool)
+            and 0 <= self.max_value <= 255
         ):
-            raise ValueError(f"ExampleCompileOptions.max_value must be an int in 0..255, got {self.max_value!r}")
+            raise ValueError(
+                f"ExampleCompileOptions.max_value must be an int in 0..255, got {self.max_value!r}"
+            )
 
     def to_compile_specs(self) -> list[CompileSpec]:
         specs = []

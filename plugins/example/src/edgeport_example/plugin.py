@@ -10,6 +10,7 @@ from typing import Any
 
 import edgeport
 from edgeport.backend import BackendSpec, PreprocessResult
+
 from edgeport_example._version import __version__
 from edgeport_example.capabilities import BACKEND_ID, capabilities
 from edgeport_example.options import ExampleCompileOptions

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
-
 from edgeport.aot.capability_partitioner import dtype_name, op_name
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
 from edgeport_example import format as fmt
 from edgeport_example._version import __version__
 from edgeport_example.capabilities import BACKEND_ID
@@ -51,7 +51,9 @@ def _full_args(node: torch.fx.Node) -> list[Any]:
         elif arg.has_default_value():
             out.append(arg.default_value)
         else:
-            raise LoweringError(f"node {node.name!r}: missing argument {arg.name!r} of {op_name(node.target)}")
+            raise LoweringError(
+                f"node {node.name!r}: missing argument {arg.name!r} of {op_name(node.target)}"
+            )
     return out
 
 
@@ -66,7 +68,9 @@ def _tensor_bytes(name: str, tensor: Any) -> tuple[str, list[int], bytes]:
         raise LoweringError(f"constant {name!r} has no data (fake or meta tensor); lower the real program")
     dtype = dtype_name(tensor.dtype)
     if dtype not in fmt.DTYPES:
-        raise LoweringError(f"constant {name!r}: dtype {dtype} cannot be stored (supported: {sorted(fmt.DTYPES)})")
+        raise LoweringError(
+            f"constant {name!r}: dtype {dtype} cannot be stored (supported: {sorted(fmt.DTYPES)})"
+        )
     array = tensor.detach().cpu().contiguous().numpy()
     return dtype, list(tensor.shape), array.astype(fmt.DTYPES[dtype], copy=False).tobytes()
 
@@ -137,11 +141,17 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
             if not node.users and node.name not in {a.name for a in gm.graph.output_node().all_input_nodes}:
                 continue  # unused weight: nothing to embed
             if kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                source = edge_program.state_dict if spec.target in edge_program.state_dict else edge_program.constants
+                source = (
+                    edge_program.state_dict
+                    if spec.target in edge_program.state_dict
+                    else edge_program.constants
+                )
             elif kind == InputKind.CONSTANT_TENSOR:
                 source = edge_program.constants
             else:
-                raise LoweringError(f"input {node.name!r} of kind {kind.name} is not supported by {BACKEND_ID}")
+                raise LoweringError(
+                    f"input {node.name!r} of kind {kind.name} is not supported by {BACKEND_ID}"
+                )
             if spec.target not in source:
                 raise LoweringError(f"input {node.name!r}: no data for {kind.name.lower()} {spec.target!r}")
             add_constant(node.name, source[spec.target])
@@ -171,7 +181,9 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
             results = node.args[0]
             for out in (results,) if isinstance(results, torch.fx.Node) else results:
                 if not isinstance(out, torch.fx.Node):
-                    raise LoweringError(f"output {out!r} is not a graph value; {BACKEND_ID} returns tensors only")
+                    raise LoweringError(
+                        f"output {out!r} is not a graph value; {BACKEND_ID} returns tensors only"
+                    )
                 outputs.append(out.name)
         else:
             raise LoweringError(f"node {node.name!r}: {node.op} nodes are not supported by {BACKEND_ID}")
@@ -188,4 +200,6 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
         "outputs": outputs,
     }
     encoded = _dump(document).encode("utf-8")
-    return PreprocessResult(processed_bytes=fmt.pack(encoded, bytes(data)), debug_handle_map=debug_handles or None)
+    return PreprocessResult(
+        processed_bytes=fmt.pack(encoded, bytes(data)), debug_handle_map=debug_handles or None
+    )

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
+
 from edgeport_example import format as fmt
 from edgeport_example.capabilities import BACKEND_ID
 from edgeport_example.options import ExampleCompileOptions
@@ -122,7 +122,7 @@ def _decode_arg(value: Any, defined: set[str], where: str, depth: int = 0) -> An
         raise _fail(f"{where}: argument nested too deeply")
     if isinstance(value, dict):
         if set(value) != {"value"}:
-            raise _fail(f"{where}: an argument object must be {{\"value\": name}}, got keys {sorted(value)}")
+            raise _fail(f'{where}: an argument object must be {{"value": name}}, got keys {sorted(value)}')
         name = _check_name(value["value"], f"{where}: value reference")
         if name not in defined:
             raise _fail(f"{where}: uses value {name!r} before it is defined")
@@ -150,7 +150,9 @@ def parse_blob(processed: Any) -> tuple[dict[str, Any], memoryview, int]:
         )
     end = fmt.HEADER.size + json_len
     if end > size:
-        raise _fail(f"truncated: the JSON document needs bytes {fmt.HEADER.size}..{end} but the blob has {size}")
+        raise _fail(
+            f"truncated: the JSON document needs bytes {fmt.HEADER.size}..{end} but the blob has {size}"
+        )
     try:
         document = json.loads(bytes(mv[fmt.HEADER.size : end]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -184,9 +186,15 @@ def load_program(processed: Any, compile_specs: Sequence[CompileSpec] = ()) -> E
     if len(input_specs) != len(inputs):
         raise _fail(f"{len(inputs)} inputs but {len(input_specs)} input_specs")
     for i, spec in enumerate(input_specs):
-        if not isinstance(spec, dict) or spec.get("dtype") not in fmt.DTYPES or not isinstance(spec.get("shape"), list):
+        if (
+            not isinstance(spec, dict)
+            or spec.get("dtype") not in fmt.DTYPES
+            or not isinstance(spec.get("shape"), list)
+        ):
             raise _fail(f"input_specs[{i}] must be {{'dtype': <known dtype>, 'shape': [...]}}, got {spec!r}")
-        if not all(d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in spec["shape"]):
+        if not all(
+            d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in spec["shape"]
+        ):
             raise _fail(f"input_specs[{i}]: bad shape {spec['shape']!r}")
     defined: set[str] = set()
     for name in inputs:
@@ -206,7 +214,9 @@ def load_program(processed: Any, compile_specs: Sequence[CompileSpec] = ()) -> E
         if dtype not in fmt.DTYPES:
             raise _fail(f"{where} ({name}): unknown dtype {dtype!r}")
         shape, offset, nbytes = c.get("shape"), c.get("offset"), c.get("nbytes")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise _fail(f"{where} ({name}): bad shape {shape!r}")
         for key, v in (("offset", offset), ("nbytes", nbytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -284,9 +294,13 @@ class ExampleExecutor(RuntimeExecutor):
             array = np.asarray(value)
             want = np.dtype(fmt.DTYPES[spec["dtype"]])
             if array.dtype != want:
-                raise RuntimeExecutionError(f"{BACKEND_ID}: input {name!r} must be {spec['dtype']}, got {array.dtype}")
+                raise RuntimeExecutionError(
+                    f"{BACKEND_ID}: input {name!r} must be {spec['dtype']}, got {array.dtype}"
+                )
             shape = spec["shape"]
-            if array.ndim != len(shape) or any(d is not None and d != s for d, s in zip(shape, array.shape)):
+            if array.ndim != len(shape) or any(
+                d is not None and d != s for d, s in zip(shape, array.shape, strict=True)
+            ):
                 raise RuntimeExecutionError(
                     f"{BACKEND_ID}: input {name!r} must have shape {shape} (None = any), got {list(array.shape)}"
                 )
@@ -302,7 +316,12 @@ class ExampleExecutor(RuntimeExecutor):
         results = []
         for name in handle.outputs:
             out = env[name]
-            if name in handle.constants or id(out) in given or not out.flags.owndata or not out.flags.writeable:
+            if (
+                name in handle.constants
+                or id(out) in given
+                or not out.flags.owndata
+                or not out.flags.writeable
+            ):
                 out = out.copy()  # never hand out views of the blob or of the caller's inputs
             results.append(out)
         return results
