@@ -475,8 +475,9 @@ class MethodPlan:
             if self.kinds[r] is S.TensorList:
                 targets.update(self.plan.values[r].val.items)
         outs = [p for p, idx in enumerate(params) if idx in targets and self.kinds[idx] in (S.Tensor, S.TensorList)]
-        if not rets and params and self.kinds[params[-1]] is S.TensorList:
-            outs.append(len(params) - 1)
+        if not outs and params and self.kinds[params[-1]] in (S.Tensor, S.TensorList) and (
+                not rets or self.kinds[rets[0]] in (S.Tensor, S.TensorList)):
+            outs.append(len(params) - 1)  # ATen out variants take their out argument(s) last
         return outs
 
     # ------------------------------------------------------------------------------------------ delegates
@@ -886,7 +887,21 @@ class MethodPlan:
 
     # ------------------------------------------------------------------------------------------ contexts
     def new_context(self) -> _Context:
-        arenas = [np.zeros(0, np.uint8)] + [np.zeros(size, dtype=np.uint8) for size in self.arena_sizes[1:]]
+        try:
+            return self._new_context()
+        except (MemoryError, ValueError, OverflowError) as exc:
+            raise RuntimeExecutionError(f"{self.where}: cannot allocate the method's memory: {exc}") from exc
+
+    def _arena_extent(self) -> list[int]:
+        """Bytes each arena needs: up to the end of its highest planned tensor (never more than declared)."""
+        need = [0] * len(self.arena_sizes)
+        for sp in self.specs.values():
+            if sp.mem_id:
+                need[sp.mem_id] = max(need[sp.mem_id], sp.offset + sp.nbytes)
+        return [min(n, size) for n, size in zip(need, self.arena_sizes)]
+
+    def _new_context(self) -> _Context:
+        arenas = [np.zeros(0, np.uint8)] + [np.zeros(size, dtype=np.uint8) for size in self._arena_extent()[1:]]
         vals: list[Any] = list(self.static_template) + [None] * (self.num_slots - self.num_values)
         for i, sp in self.specs.items():
             if sp.constant is not None:
@@ -951,6 +966,10 @@ class MethodRunner:
         self._pool: list[_Context] = []
         self._lock = threading.Lock()
         self._max_idle = max_idle_contexts
+        try:  # allocate the first context now, so that unsatisfiable memory fails at load, not mid-run
+            self._pool.append(plan.new_context())
+        except RuntimeExecutionError as exc:
+            raise ProgramError(str(exc)) from exc
         self._run_chains = [(ops, has_jump, labels) for ops, has_jump, labels in plan.chains]
 
     def _acquire(self) -> _Context:
