@@ -12,9 +12,7 @@ import random
 from typing import Any
 
 import pytest
-
 from edgeport.program import schema as S
-
 
 # ----------------------------------------------------------------------------------------- random programs
 
@@ -96,7 +94,7 @@ def random_program(seed: int, *, max_values: int = 30) -> S.Program:
         values = [_rand_value(rng, n, nconst) for _ in range(n)]
         operators = [S.Operator(f"aten::op{i}", rng.choice(["out", "Tensor_out", ""])) for i in range(rng.randint(0, 4))]
         delegates = []
-        for d in range(rng.randint(0, 3)):
+        for _ in range(rng.randint(0, 3)):
             blobs.append(S.BackendDelegateInlineData(rng.choice([b"", rng.randbytes(rng.randint(1, 300)), b"same"])))
             delegates.append(S.BackendDelegate(
                 id=rng.choice(["XnnpackBackend", "example", _rand_str(rng)]),
@@ -180,7 +178,7 @@ def assert_same(ours: Any, theirs: Any, path: str = "program") -> None:
             assert_same(getattr(ours, f.name), getattr(theirs, f.name), f"{path}.{f.name}")
     elif isinstance(ours, list):
         assert theirs is not None and len(ours) == len(theirs), f"{path}: length {len(ours)} != {theirs!r:.80}"
-        for i, (a, b) in enumerate(zip(ours, theirs)):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             assert_same(a, b, f"{path}[{i}]")
     elif isinstance(ours, (bytes, bytearray, memoryview)):
         assert bytes(ours) == bytes(theirs), f"{path}: bytes differ"

@@ -21,7 +21,6 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import random_program  # noqa: E402
-
 from edgeport.errors import ProgramError  # noqa: E402
 from edgeport.program import load_pte, serialize_pte, verify_program  # noqa: E402
 from edgeport.program import schema as S  # noqa: E402
@@ -54,7 +53,7 @@ def exercise(data: bytes) -> bool:
 
 def corpus(rng: random.Random, size: int) -> list[bytes]:
     files = []
-    for i in range(size):
+    for _ in range(size):
         p = random_program(rng.randrange(1 << 30), max_values=rng.choice([5, 30, 200]))
         files.append(serialize_pte(
             p, segment_alignment=rng.choice([1, 16, 128, 4096]),

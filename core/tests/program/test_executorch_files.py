@@ -4,7 +4,6 @@ ExecuTorch's emitted programs re-serialized by us, executed by the ExecuTorch ru
 from __future__ import annotations
 
 import pytest
-
 from edgeport.program import DataLocation, load_pte, serialize_pte, verify_program
 from edgeport.program import schema as S
 
@@ -164,5 +163,5 @@ def test_executorch_runtime_runs_our_serialization_of_its_program(et, name):
     got = method.execute(list(inputs))
     want = _outputs(model(*inputs))
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)

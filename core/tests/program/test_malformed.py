@@ -10,7 +10,6 @@ import time
 import flatbuffers
 import numpy as np
 import pytest
-
 from edgeport.errors import ProgramError
 from edgeport.program import load_pte, program_to_flatbuffer, serialize_pte, verify_program
 from edgeport.program import schema as S
@@ -96,7 +95,7 @@ def test_every_single_byte_mutation(valid_files):
 def test_random_bit_flips_and_garbage(valid_files):
     rng = random.Random(1234)
     t0 = time.perf_counter()
-    for i in range(3000):
+    for _ in range(3000):
         data = bytearray(rng.choice(valid_files))
         for _ in range(rng.randint(1, 8)):
             pos = rng.randrange(len(data))

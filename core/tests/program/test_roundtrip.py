@@ -9,7 +9,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from edgeport.errors import SerializationError
 from edgeport.program import (
     DataLocation,
@@ -208,7 +207,7 @@ def test_executorch_deserializer_reads_our_files(et, rand_program, seed):
         assert restored.constant_segment.offsets == [0] * len(p.constant_buffer)
         return
     assert len(restored.constant_buffer) == len(p.constant_buffer)
-    for mine, theirs in zip(p.constant_buffer, restored.constant_buffer):
+    for mine, theirs in zip(p.constant_buffer, restored.constant_buffer, strict=True):
         assert theirs.storage[:len(mine.storage)] == mine.storage and not any(theirs.storage[len(mine.storage):])
 
 
@@ -217,8 +216,8 @@ def test_executorch_deserializer_reads_our_files(et, rand_program, seed):
 @pytest.mark.parametrize("seg_align,tensor_align", [(128, None), (4096, 64), (32, 8)])
 def test_segment_layout_matches_executorch_serializer(et, rand_program, seed, seg_align, tensor_align):
     """Same program through ExecuTorch's serializer: same segments, same offsets, same segment bytes."""
-    from executorch.exir._serialize._program import PTEFile, _get_extended_header, serialize_pte_binary
     from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    from executorch.exir._serialize._program import PTEFile, _get_extended_header, serialize_pte_binary
 
     p = rand_program(seed)
     ours = serialize_pte(p, segment_alignment=seg_align, constant_tensor_alignment=tensor_align)

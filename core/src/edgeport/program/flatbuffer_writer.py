@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import flatbuffers
 
@@ -213,7 +213,7 @@ def program_to_flatbuffer(program: schema.Program, *, tensor_alignment: int = DE
 # ------------------------------------------------------------------------------------- error location
 
 
-def find_invalid_field(obj: Any, table: str = "Program", path: str = "program") -> Optional[str]:
+def find_invalid_field(obj: Any, table: str = "Program", path: str = "program") -> str | None:
     """Return ``"<path>: <problem>"`` for the first field of ``obj`` the writer cannot encode, else ``None``."""
     lay = layout()
     t = lay.tables[table]
@@ -269,7 +269,7 @@ def find_invalid_field(obj: Any, table: str = "Program", path: str = "program") 
     return None
 
 
-def _scalar_problem(scalar: str, v: Any) -> Optional[str]:
+def _scalar_problem(scalar: str, v: Any) -> str | None:
     _, _, lo, hi = SCALARS[scalar]
     if scalar == "bool":
         return None if isinstance(v, (bool, int)) else f"expected bool, got {type(v).__name__}"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Optional
+from typing import Any
 
 from edgeport.program import schema
 
@@ -52,9 +53,9 @@ class Field:
     name: str
     slot: int
     kind: str
-    scalar: Optional[str] = None
-    ref: Optional[str] = None
-    elem: Optional[str] = None  # vectors: "scalar" | "table" | "string"
+    scalar: str | None = None
+    ref: str | None = None
+    elem: str | None = None  # vectors: "scalar" | "table" | "string"
     default: Any = 0
     force_align: int = 0
     optional: bool = False
@@ -126,16 +127,17 @@ def _build(parsed: dict[str, Any]) -> Layout:
         if cls is None:
             raise RuntimeError(f"no dataclass for table {tname} of program.fbs")
         py_fields = dataclasses.fields(cls)
+        hints = typing.get_type_hints(cls)
         if [f.name for f in py_fields] != [f[0] for f in raw_fields]:
             raise RuntimeError(f"{tname}: dataclass fields {[f.name for f in py_fields]} != fbs fields")
         fields, slot = [], 0
-        for (fname, ftype, default, align), pyf in zip(raw_fields, py_fields):
-            annot = pyf.type if isinstance(pyf.type, str) else repr(pyf.type)
-            optional = annot.startswith("Optional[")
+        for (fname, ftype, default, align), pyf in zip(raw_fields, py_fields, strict=True):
+            hint = hints[pyf.name]
+            optional = type(None) in typing.get_args(hint)
             if ftype.startswith("["):
                 inner = _ALIASES.get(ftype[1:-1], ftype[1:-1])
                 if inner in SCALARS:
-                    kind = "bytes" if inner == "uint8" and "bytes" in annot else "vector"
+                    kind = "bytes" if inner == "uint8" and hint is bytes else "vector"
                     f = Field(fname, slot, kind, scalar=inner, elem="scalar", force_align=align, optional=optional)
                 elif inner == "string":
                     f = Field(fname, slot, "vector", elem="string", optional=optional)

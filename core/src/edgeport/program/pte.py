@@ -26,7 +26,7 @@ import os
 import struct
 import tempfile
 from collections.abc import Iterable, Mapping
-from typing import Any, Optional, Union
+from typing import Any
 
 from edgeport.errors import SerializationError
 from edgeport.program.flatbuffer_writer import DEFAULT_ALIGNMENT, is_power_of_two, program_to_flatbuffer
@@ -49,7 +49,7 @@ EXTENDED_HEADER_LENGTH = 32
 #: Shortest header a reader accepts (files written before segment_data_size existed).
 EXTENDED_HEADER_MIN_LENGTH = 24
 
-_Bytes = Union[bytes, bytearray, memoryview]
+_Bytes = bytes | bytearray | memoryview
 
 
 def _pad(n: int, alignment: int) -> int:
@@ -87,7 +87,7 @@ class _Segments:
         return len(self.entries) - 1
 
 
-def _pack_subsegments(buffers: list[Any], alignment: Optional[int]) -> tuple[list[_Bytes], list[int]]:
+def _pack_subsegments(buffers: list[Any], alignment: int | None) -> tuple[list[_Bytes], list[int]]:
     """Concatenate buffers, padding all but the last to ``alignment``; return (parts, start offsets)."""
     parts: list[_Bytes] = []
     offsets: list[int] = []
@@ -143,7 +143,7 @@ def _extract_delegates(program: Program, segments: _Segments, delegate_alignment
 
 
 def _extract_named_data(program: Program, segments: _Segments,
-                        named_data: Mapping[str, Union[_Bytes, tuple[_Bytes, int]]]) -> None:
+                        named_data: Mapping[str, _Bytes | tuple[_Bytes, int]]) -> None:
     if program.named_data:
         raise SerializationError("program.named_data is already filled in; pass named data only as an argument")
     blobs: dict[bytes, list[Any]] = {}  # content -> [alignment, keys]
@@ -167,10 +167,10 @@ def serialize_pte(
     extract_delegate_segments: bool = True,
     extract_constant_segment: bool = True,
     segment_alignment: int = 128,
-    constant_tensor_alignment: Optional[int] = None,
-    delegate_alignment: Optional[int] = None,
-    mutable_data: Optional[list[Buffer]] = None,
-    named_data: Optional[Mapping[str, Union[_Bytes, tuple[_Bytes, int]]]] = None,
+    constant_tensor_alignment: int | None = None,
+    delegate_alignment: int | None = None,
+    mutable_data: list[Buffer] | None = None,
+    named_data: Mapping[str, _Bytes | tuple[_Bytes, int]] | None = None,
 ) -> bytes:
     """Serialize ``program`` into ``.pte`` bytes the ExecuTorch runtime loads.
 
@@ -242,7 +242,7 @@ def _umask() -> int:
     return mask
 
 
-def write_pte_file(path: Union[str, os.PathLike[str]], data: Union[_Bytes, Iterable[_Bytes]]) -> None:
+def write_pte_file(path: str | os.PathLike[str], data: _Bytes | Iterable[_Bytes]) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory, then ``os.replace``."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))

@@ -23,7 +23,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any
 
 from edgeport.errors import ProgramError
 from edgeport.program import schema
@@ -54,7 +54,7 @@ class ExtendedHeader:
     segment_data_size: int
 
 
-def parse_extended_header(data: Any) -> Optional[ExtendedHeader]:
+def parse_extended_header(data: Any) -> ExtendedHeader | None:
     """Parse and check the extended header of ``data``; ``None`` when the file has none."""
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     n = len(view)
@@ -289,7 +289,7 @@ class LoadedPte:
     program: Program
     data: memoryview
     program_size: int
-    header: Optional[ExtendedHeader]
+    header: ExtendedHeader | None
     segments: list[memoryview]
     inline_constants: list[memoryview] = field(default_factory=list)
     inline_delegate_data: list[memoryview] = field(default_factory=list)
@@ -352,7 +352,7 @@ class LoadedPte:
                                f"segment ({len(seg)} bytes)")
         return seg[start:start + nbytes]
 
-    def delegate_data(self, plan: Union[int, str], delegate_index: int) -> memoryview:
+    def delegate_data(self, plan: int | str, delegate_index: int) -> memoryview:
         """Processed bytes of ``execution_plan[plan].delegates[delegate_index]`` (inline or segment)."""
         plans = self.program.execution_plan
         if isinstance(plan, str):
@@ -466,7 +466,7 @@ def _decoder() -> _Decoder:
     return dec
 
 
-def load_pte(data: Union[bytes, bytearray, memoryview, Any]) -> LoadedPte:
+def load_pte(data: bytes | bytearray | memoryview | Any) -> LoadedPte:
     """Parse and check a ``.pte`` file held in ``data`` (bytes, memoryview, mmap); views keep ``data`` alive."""
     try:
         view = memoryview(data)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class AllocationDetails:
 @dataclass
 class ExtraTensorInfo:
     mutable_data_segments_idx: int = 0
-    fully_qualified_name: Optional[str] = None
+    fully_qualified_name: str | None = None
     location: TensorDataLocation = TensorDataLocation.SEGMENT
     device_type: DeviceType = DeviceType.CPU
     device_index: int = 0
@@ -154,10 +154,10 @@ class Tensor:
     dim_order: list[int] = field(default_factory=list)
     requires_grad: bool = False
     data_buffer_idx: int = 0
-    allocation_info: Optional[AllocationDetails] = None
+    allocation_info: AllocationDetails | None = None
     layout: int = 0
     shape_dynamism: TensorShapeDynamism = TensorShapeDynamism.STATIC
-    extra_tensor_info: Optional[ExtraTensorInfo] = None
+    extra_tensor_info: ExtraTensorInfo | None = None
 
 
 @dataclass
@@ -205,8 +205,8 @@ class OptionalTensorList:
     items: list[int] = field(default_factory=list)
 
 
-KernelTypes = Union[Null, Int, Bool, Double, Tensor, String, IntList, DoubleList, BoolList, TensorList,
-                    OptionalTensorList]
+KernelTypes = Union[  # noqa: UP007 - a typing.Union, as callers expect
+    Null, Int, Bool, Double, Tensor, String, IntList, DoubleList, BoolList, TensorList, OptionalTensorList]
 
 
 @dataclass
@@ -249,7 +249,7 @@ class FreeCall:
     value_index: int = 0
 
 
-InstructionArguments = Union[KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall]
+InstructionArguments = Union[KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall]  # noqa: UP007
 
 
 @dataclass
@@ -279,7 +279,7 @@ class BackendDelegateDataReference:
 @dataclass
 class BackendDelegate:
     id: str = ""
-    processed: Optional[BackendDelegateDataReference] = field(default_factory=BackendDelegateDataReference)
+    processed: BackendDelegateDataReference | None = field(default_factory=BackendDelegateDataReference)
     compile_specs: list[CompileSpec] = field(default_factory=list)
 
 
@@ -288,7 +288,7 @@ class Chain:
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     instructions: list[Instruction] = field(default_factory=list)
-    stacktrace: Optional[list[FrameList]] = None
+    stacktrace: list[FrameList] | None = None
 
 
 @dataclass
@@ -301,7 +301,7 @@ class NonConstBufferDevice:
 @dataclass
 class ExecutionPlan:
     name: str = ""
-    container_meta_type: Optional[ContainerMetadata] = field(default_factory=ContainerMetadata)
+    container_meta_type: ContainerMetadata | None = field(default_factory=ContainerMetadata)
     values: list[EValue] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
@@ -309,7 +309,7 @@ class ExecutionPlan:
     operators: list[Operator] = field(default_factory=list)
     delegates: list[BackendDelegate] = field(default_factory=list)
     non_const_buffer_sizes: list[int] = field(default_factory=list)
-    non_const_buffer_device: Optional[list[NonConstBufferDevice]] = None
+    non_const_buffer_device: list[NonConstBufferDevice] | None = None
 
 
 @dataclass
@@ -347,9 +347,9 @@ class Program:
     constant_buffer: list[Buffer] = field(default_factory=list)
     backend_delegate_data: list[BackendDelegateInlineData] = field(default_factory=list)
     segments: list[DataSegment] = field(default_factory=list)
-    constant_segment: Optional[SubsegmentOffsets] = field(default_factory=SubsegmentOffsets)
-    mutable_data_segments: Optional[list[SubsegmentOffsets]] = None
-    named_data: Optional[list[NamedData]] = None
+    constant_segment: SubsegmentOffsets | None = field(default_factory=SubsegmentOffsets)
+    mutable_data_segments: list[SubsegmentOffsets] | None = None
+    named_data: list[NamedData] | None = None
 
 
 #: Table name -> dataclass, for every table of program.fbs.
@@ -368,7 +368,7 @@ assert all(dataclasses.is_dataclass(c) for c in TABLES.values())
 # ---------------------------------------------------------------------------------------- dtype helpers
 
 # ScalarType -> (torch-style dtype name, element size in bytes, numpy dtype name or None)
-_DTYPES: dict[ScalarType, tuple[str, int, Optional[str]]] = {
+_DTYPES: dict[ScalarType, tuple[str, int, str | None]] = {
     ScalarType.BYTE: ("uint8", 1, "uint8"),
     ScalarType.CHAR: ("int8", 1, "int8"),
     ScalarType.SHORT: ("int16", 2, "int16"),
