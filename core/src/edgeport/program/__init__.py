@@ -9,8 +9,9 @@ Nothing in this package imports torch.
 """
 
 from edgeport.program.flatbuffer_writer import program_to_flatbuffer
+from edgeport.program.loaded import ExtendedHeader, LoadedPte, tensor_nbytes
 from edgeport.program.pte import serialize_pte, write_pte_file
-from edgeport.program.reader import ExtendedHeader, LoadedPte, load_pte, parse_extended_header, tensor_nbytes
+from edgeport.program.reader import load_pte, parse_extended_header
 from edgeport.program.schema import *  # noqa: F401,F403
 from edgeport.program.schema import __all__ as _schema_all
 from edgeport.program.verify import program_problems, verify_program

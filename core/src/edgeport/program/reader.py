@@ -18,18 +18,15 @@ Indices between values, instructions, operators and delegates are checked by :fu
 
 from __future__ import annotations
 
-import math
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from edgeport.errors import ProgramError
-from edgeport.program import schema
 from edgeport.program.layout import SCALARS, Field, Layout, layout
+from edgeport.program.loaded import ExtendedHeader, LoadedPte, check_file_indices
 from edgeport.program.pte import EXTENDED_HEADER_MAGIC, EXTENDED_HEADER_MIN_LENGTH
-from edgeport.program.schema import DataLocation, Program, TensorDataLocation
 
 __all__ = ["ExtendedHeader", "LoadedPte", "load_pte", "parse_extended_header"]
 
@@ -44,19 +41,18 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-@dataclass(frozen=True)
-class ExtendedHeader:
-    """The ``eh00`` header that follows the file identifier when segments are present."""
-
-    length: int
-    program_size: int
-    segment_base_offset: int
-    segment_data_size: int
+def _byte_view(data: Any) -> memoryview:
+    """A flat unsigned-byte memoryview of ``data`` (bytes, bytearray, memoryview, mmap, numpy array)."""
+    try:
+        view = memoryview(data)
+        return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+    except TypeError as exc:
+        raise ProgramError(f"cannot read a program from {type(data).__name__}: {exc}") from None
 
 
 def parse_extended_header(data: Any) -> ExtendedHeader | None:
     """Parse and check the extended header of ``data``; ``None`` when the file has none."""
-    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+    view = _byte_view(data)
     n = len(view)
     if n < 12 or bytes(view[8:12]) != EXTENDED_HEADER_MAGIC:
         return None
@@ -282,179 +278,6 @@ class _Decoder:
         return decode_recording_span
 
 
-@dataclass
-class LoadedPte:
-    """A parsed program plus zero-copy views into the original buffer."""
-
-    program: Program
-    data: memoryview
-    program_size: int
-    header: ExtendedHeader | None
-    segments: list[memoryview]
-    inline_constants: list[memoryview] = field(default_factory=list)
-    inline_delegate_data: list[memoryview] = field(default_factory=list)
-
-    def release(self) -> None:
-        """Release this object's views of the buffer (e.g. before closing an mmap); views handed out to callers
-        must be released by them."""
-        for view in (self.data, *self.segments, *self.inline_constants, *self.inline_delegate_data):
-            view.release()
-
-    def __enter__(self) -> LoadedPte:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    @property
-    def num_constants(self) -> int:
-        """Entries of constant data (including the reserved entry 0)."""
-        cs = self.program.constant_segment
-        return len(cs.offsets) if cs is not None and cs.offsets else len(self.program.constant_buffer)
-
-    def constant(self, index: int) -> memoryview:
-        """Bytes of constant ``index``: up to the next constant's start (padding included), like ExecuTorch."""
-        cs = self.program.constant_segment
-        if cs is not None and cs.offsets:
-            if not 0 <= index < len(cs.offsets):
-                raise ProgramError(f"constant index {index} out of range (0..{len(cs.offsets) - 1})")
-            seg = self.segments[cs.segment_index] if len(cs.offsets) > 1 else self.data[0:0]
-            end = cs.offsets[index + 1] if index + 1 < len(cs.offsets) else len(seg)
-            return seg[cs.offsets[index]:max(end, cs.offsets[index])]
-        if not 0 <= index < len(self.inline_constants):
-            raise ProgramError(f"constant index {index} out of range (0..{len(self.inline_constants) - 1})")
-        return self.inline_constants[index]
-
-    def tensor_data(self, tensor: schema.Tensor, *, where: str = "tensor") -> memoryview:
-        """Exactly the bytes of a constant tensor (or the initial value of a mutable one), bounds-checked."""
-        nbytes = tensor_nbytes(tensor, where)
-        idx = tensor.data_buffer_idx
-        if idx == 0:
-            raise ProgramError(f"{where}: has no constant data (data_buffer_idx 0)")
-        if tensor.allocation_info is None:
-            cs = self.program.constant_segment
-            if cs is not None and cs.offsets:
-                if idx >= len(cs.offsets):
-                    raise ProgramError(f"{where}: data_buffer_idx {idx} out of range ({len(cs.offsets)} constants)")
-                seg = self.segments[cs.segment_index]
-                start = cs.offsets[idx]
-            else:
-                seg, start = self.constant(idx), 0
-        else:
-            info = tensor.extra_tensor_info
-            mds = self.program.mutable_data_segments or []
-            m = info.mutable_data_segments_idx if info is not None else 0
-            if m >= len(mds) or idx >= len(mds[m].offsets):
-                raise ProgramError(f"{where}: no mutable data entry {idx} in mutable_data_segments[{m}]")
-            seg, start = self.segments[mds[m].segment_index], mds[m].offsets[idx]
-        if start + nbytes > len(seg):
-            raise ProgramError(f"{where}: {nbytes} bytes of data at offset {start} run past the end of its "
-                               f"segment ({len(seg)} bytes)")
-        return seg[start:start + nbytes]
-
-    def delegate_data(self, plan: int | str, delegate_index: int) -> memoryview:
-        """Processed bytes of ``execution_plan[plan].delegates[delegate_index]`` (inline or segment)."""
-        plans = self.program.execution_plan
-        if isinstance(plan, str):
-            matches = [i for i, p in enumerate(plans) if p.name == plan]
-            if not matches:
-                raise ProgramError(f"no method named {plan!r}; methods: {[p.name for p in plans]}")
-            plan = matches[0]
-        if not 0 <= plan < len(plans) or not 0 <= delegate_index < len(plans[plan].delegates):
-            raise ProgramError(f"no delegate {delegate_index} in execution_plan[{plan}]")
-        ref = plans[plan].delegates[delegate_index].processed
-        assert ref is not None  # checked by load_pte
-        if ref.location == DataLocation.SEGMENT:
-            return self.segments[ref.index]
-        return self.inline_delegate_data[ref.index]
-
-    def named_data(self, key: str) -> memoryview:
-        """Bytes stored under ``key`` in ``Program.named_data``."""
-        for entry in self.program.named_data or []:
-            if entry.key == key:
-                return self.segments[entry.segment_index]
-        raise ProgramError(f"no named data {key!r}")
-
-
-def tensor_nbytes(tensor: schema.Tensor, where: str = "tensor") -> int:
-    """Byte size of ``tensor`` from its sizes and scalar type (``ProgramError`` if they are invalid)."""
-    try:
-        elem = schema.element_size(tensor.scalar_type)
-    except ValueError:
-        raise ProgramError(f"{where}: unknown scalar_type {int(tensor.scalar_type)}") from None
-    if any(s < 0 for s in tensor.sizes):
-        raise ProgramError(f"{where}: negative size in {tensor.sizes}")
-    return math.prod(tensor.sizes) * elem
-
-
-def _check_semantics(lp: LoadedPte) -> None:
-    p = lp.program
-    nseg = len(p.segments)
-
-    def seg_index(index: int, where: str) -> None:
-        if not 0 <= index < nseg:
-            raise ProgramError(f"{where}: segment index {index} out of range ({nseg} segments)")
-
-    cs = p.constant_segment
-    if cs is not None and len(cs.offsets) > 1:
-        if p.constant_buffer:
-            raise ProgramError(f"program has both constant_buffer ({len(p.constant_buffer)} entries) and "
-                               f"constant_segment.offsets ({len(cs.offsets)} entries)")
-        seg_index(cs.segment_index, "constant_segment")
-        size = len(lp.segments[cs.segment_index])
-        for i, off in enumerate(cs.offsets):
-            if off > size:
-                raise ProgramError(f"constant_segment.offsets[{i}]: {off} is past the segment end ({size})")
-    for m, sub in enumerate(p.mutable_data_segments or []):
-        seg_index(sub.segment_index, f"mutable_data_segments[{m}]")
-        size = len(lp.segments[sub.segment_index])
-        for i, off in enumerate(sub.offsets):
-            if off > size:
-                raise ProgramError(f"mutable_data_segments[{m}].offsets[{i}]: {off} is past the segment end ({size})")
-    keys: set[str] = set()
-    for i, nd in enumerate(p.named_data or []):
-        seg_index(nd.segment_index, f"named_data[{i}] ({nd.key!r})")
-        if nd.key in keys:
-            raise ProgramError(f"named_data[{i}]: duplicate key {nd.key!r}")
-        keys.add(nd.key)
-    nconst = lp.num_constants
-    nmut = [len(s.offsets) for s in p.mutable_data_segments or []]
-    for pi, plan in enumerate(p.execution_plan):
-        for di, d in enumerate(plan.delegates):
-            where = f"execution_plan[{pi}].delegates[{di}].processed"
-            ref = d.processed
-            if ref is None:
-                raise ProgramError(f"{where}: missing")
-            if ref.location == DataLocation.INLINE:
-                if ref.index >= len(p.backend_delegate_data):
-                    raise ProgramError(f"{where}: inline index {ref.index} out of range "
-                                       f"({len(p.backend_delegate_data)} entries in backend_delegate_data)")
-            elif ref.location == DataLocation.SEGMENT:
-                seg_index(ref.index, where)
-            else:
-                raise ProgramError(f"{where}: unknown DataLocation {int(ref.location)}")
-        for vi, value in enumerate(plan.values):
-            t = value.val
-            if type(t) is not schema.Tensor or t.data_buffer_idx == 0:
-                continue
-            where = f"execution_plan[{pi}].values[{vi}]"
-            info = t.extra_tensor_info
-            if info is not None:
-                if info.location == TensorDataLocation.EXTERNAL:
-                    continue
-                if info.location != TensorDataLocation.SEGMENT:
-                    raise ProgramError(f"{where}: unknown TensorDataLocation {int(info.location)}")
-            if t.allocation_info is None:
-                if t.data_buffer_idx >= nconst:
-                    raise ProgramError(f"{where}: data_buffer_idx {t.data_buffer_idx} out of range "
-                                       f"({nconst} constant entries)")
-            else:
-                m = info.mutable_data_segments_idx if info is not None else 0
-                if m >= len(nmut) or t.data_buffer_idx >= nmut[m]:
-                    raise ProgramError(f"{where}: data_buffer_idx {t.data_buffer_idx} has no entry in "
-                                       f"mutable_data_segments[{m}]")
-
-
 _LOCAL = threading.local()
 
 
@@ -468,12 +291,7 @@ def _decoder() -> _Decoder:
 
 def load_pte(data: bytes | bytearray | memoryview | Any) -> LoadedPte:
     """Parse and check a ``.pte`` file held in ``data`` (bytes, memoryview, mmap); views keep ``data`` alive."""
-    try:
-        view = memoryview(data)
-    except TypeError:
-        raise ProgramError(f"cannot read a program from {type(data).__name__}") from None
-    if view.ndim != 1 or view.itemsize != 1:
-        view = view.cast("B")
+    view = _byte_view(data)
     n = len(view)
     if n < 8:
         raise ProgramError(f"file is {n} bytes, too short for a program (at least 8)")
@@ -512,5 +330,5 @@ def load_pte(data: bytes | bytearray | memoryview | Any) -> LoadedPte:
     lp = LoadedPte(program, view, program_size, header, segments,
                    [view[s:s + c] for s, c in spans["Buffer"]],
                    [view[s:s + c] for s, c in spans["BackendDelegateInlineData"]])
-    _check_semantics(lp)
+    check_file_indices(lp)
     return lp
