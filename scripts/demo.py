@@ -1,6 +1,6 @@
 """The main job: export a model, lower it to a backend, save the .pte, run it, print the delegation summary.
 
-Usage: python scripts/demo.py [--model mlp] [--backend ExampleBackend] [--out out/]
+Usage: python scripts/demo.py [--model transformer_encoder_layer] [--backend ExampleBackend] [--out out/]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from edgeport.testing.models import MODELS
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    parser.add_argument("--model", default="transformer_encoder_layer", choices=sorted(MODELS))
     parser.add_argument("--backend", default="ExampleBackend")
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
