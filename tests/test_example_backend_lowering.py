@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import edgeport
 from edgeport import to_edge_transform_and_lower
 from edgeport.aot.delegate_op import CALL_DELEGATE
 from edgeport.testing.models import MODELS

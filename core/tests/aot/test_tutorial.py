@@ -13,7 +13,6 @@ from edgeport import EdgeCompileConfig, ExecutorchBackendConfig, ExportPass, to_
 from edgeport.aot.delegate_op import CALL_DELEGATE
 
 
-
 class SimpleConv(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

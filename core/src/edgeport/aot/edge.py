@@ -12,8 +12,8 @@ from torch.export import ExportedProgram
 
 from edgeport.aot.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
-from edgeport.aot.passes.edge_passes import normalize_edge_ops
 from edgeport.aot.partitioner import Partitioner
+from edgeport.aot.passes.edge_passes import normalize_edge_ops
 from edgeport.aot.to_backend import partition_and_lower
 from edgeport.aot.transform import transform_program
 from edgeport.aot.verifier import verify_edge_graph

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import io
 import sys
 from collections.abc import Mapping

@@ -7,7 +7,13 @@ from collections.abc import Iterable
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputSpec, TensorArgument
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputSpec,
+    TensorArgument,
+)
 
 
 def graph_fingerprint(graph: torch.fx.Graph) -> list[tuple[str, str, str, str]]:

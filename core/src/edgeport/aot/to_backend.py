@@ -314,7 +314,7 @@ def program_calling_delegate(lowered: LoweredBackendModule) -> ExportedProgram:
         items.append(item)
     graph.output(tuple(items))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    setattr(gm, "lowered_module_0", lowered)
+    gm.lowered_module_0 = lowered
     signature = ExportGraphSignature(
         input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders],
         output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(i.name), None) for i in items],

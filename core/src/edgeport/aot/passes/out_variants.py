@@ -43,7 +43,7 @@ def _signature(schema: torch._C.FunctionSchema, *, drop_creation: bool = False) 
     ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def out_variant(op: OpOverload) -> OpOverload:
     """The out overload matching ``op``'s arguments; raises ``UnsupportedOperatorError`` if there is none."""
     if _out_args(op._schema):
