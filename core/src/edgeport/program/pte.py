@@ -176,13 +176,17 @@ def serialize_pte(
 
     ``program`` is not modified. Its constants are expected in ``constant_buffer`` (``[Buffer(b""), ...]``,
     entry 0 = no data) and its delegate blobs inline in ``backend_delegate_data``; ``segments`` must be empty.
-    With ``extract_constant_segment`` the constants move to the constant segment, each aligned to
-    ``constant_tensor_alignment`` (default 16; an empty ``constant_buffer`` counts as ``[Buffer(b"")]``, which
-    the runtime needs); with ``extract_delegate_segments`` non-empty delegate blobs move
-    to segments. ``segment_alignment`` aligns every segment start. ``delegate_alignment`` (default 16) aligns
-    blobs left inline; when given it also aligns delegate segments (ExecuTorch aligns those only to
-    ``segment_alignment``, which gives the same layout whenever ``delegate_alignment <= segment_alignment``). ``mutable_data`` (initial values of mutable tensors, entry 0
-    reserved) and ``named_data`` (key -> bytes or (bytes, alignment)) become segments as ExecuTorch lays them out.
+
+    * ``extract_constant_segment``: constants move to the constant segment, each aligned to
+      ``constant_tensor_alignment`` (default 16). An empty ``constant_buffer`` counts as ``[Buffer(b"")]``,
+      which the runtime needs. Otherwise they stay inline, with that alignment.
+    * ``extract_delegate_segments``: non-empty delegate blobs move to segments (identical blobs share one).
+    * ``segment_alignment`` aligns the start of every segment.
+    * ``delegate_alignment`` (default 16) aligns blobs left inline; when given it also aligns delegate segments
+      (ExecuTorch aligns those to ``segment_alignment`` only: same layout whenever it is the larger one).
+    * ``mutable_data`` (initial values of mutable tensors, entry 0 reserved) and ``named_data``
+      (key -> bytes or (bytes, alignment)) become segments laid out as ExecuTorch does.
+
     All alignments must be powers of two, else ``SerializationError``.
     """
     _check_alignment("segment_alignment", segment_alignment, allow_none=False)
