@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 import pytest
+
 from edgeport.program import schema as S
 
 # ----------------------------------------------------------------------------------------- random programs

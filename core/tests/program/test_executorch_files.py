@@ -4,6 +4,7 @@ ExecuTorch's emitted programs re-serialized by us, executed by the ExecuTorch ru
 from __future__ import annotations
 
 import pytest
+
 from edgeport.program import DataLocation, load_pte, serialize_pte, verify_program
 from edgeport.program import schema as S
 

@@ -10,6 +10,7 @@ import time
 import flatbuffers
 import numpy as np
 import pytest
+
 from edgeport.errors import ProgramError
 from edgeport.program import load_pte, program_to_flatbuffer, serialize_pte, verify_program
 from edgeport.program import schema as S
@@ -297,3 +298,13 @@ def test_unknown_enum_values_survive_loading_and_fail_verification():
     assert loaded.execution_plan[0].values[4].val.scalar_type == 42
     with pytest.raises(ProgramError, match="unknown scalar_type 42"):
         verify_program(loaded)
+
+
+def test_external_tensor_data_is_not_looked_up_in_the_file():
+    p = _seg_program()
+    t = p.execution_plan[0].values[0].val
+    t.data_buffer_idx = 7  # ignored for external data
+    t.extra_tensor_info = S.ExtraTensorInfo(fully_qualified_name="lin.weight", location=S.TensorDataLocation.EXTERNAL)
+    lp = load_pte(_with_header(program_to_flatbuffer(p), bytes(136)))
+    with pytest.raises(ProgramError, match="external.*lin.weight"):
+        lp.tensor_data(lp.program.execution_plan[0].values[0].val)

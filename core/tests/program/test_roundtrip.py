@@ -9,6 +9,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from edgeport.errors import SerializationError
 from edgeport.program import (
     DataLocation,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from edgeport.program import load_pte, serialize_pte
 from edgeport.program import schema as S
 from edgeport.program.layout import layout, parse_fbs

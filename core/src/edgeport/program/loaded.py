@@ -70,6 +70,9 @@ class LoadedPte:
         """Exactly the bytes of a constant tensor (or the initial value of a mutable one), bounds-checked."""
         nbytes = tensor_nbytes(tensor, where)
         idx = tensor.data_buffer_idx
+        info = tensor.extra_tensor_info
+        if info is not None and info.location == TensorDataLocation.EXTERNAL:
+            raise ProgramError(f"{where}: data is external (key {info.fully_qualified_name!r}), not in this file")
         if idx == 0:
             raise ProgramError(f"{where}: has no constant data (data_buffer_idx 0)")
         if tensor.allocation_info is None:
@@ -82,7 +85,6 @@ class LoadedPte:
             else:
                 seg, start = self.constant(idx), 0
         else:
-            info = tensor.extra_tensor_info
             mds = self.program.mutable_data_segments or []
             m = info.mutable_data_segments_idx if info is not None else 0
             if m >= len(mds) or idx >= len(mds[m].offsets):
