@@ -48,13 +48,18 @@ def test_load_path_bytes_file(linear_pte):
 def test_mmap_constants_are_zero_copy_views(linear_pte):
     program = Runtime.get().load_program(linear_pte)
     assert isinstance(program._source, mmap.mmap)
-    method = program.load_method()
+    method = program.load_method(fold_constants=False)
     consts = [v for v in method._plan.static_template if isinstance(v, np.ndarray)]
     assert len(consts) == 2
     buf = np.frombuffer(program._source, np.uint8)
     for c in consts:
         assert not c.flags.writeable
         assert np.shares_memory(c, buf)
+    # by default the weight permute runs once at load: a third (private) constant
+    folded = program.load_method()
+    assert folded.profile.folded_instructions == 1
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(folded.execute([x])[0], method.execute([x])[0])
 
 
 def test_shortcut_load_and_package_root(linear_pte):
@@ -257,3 +262,23 @@ def test_missing_backend_message_names_package(builder):
         pass
     with pytest.raises(BackendNotFoundError, match="pip install edgeport-xnnpack"):
         program.load_method()
+
+
+def test_optional_outputs_computed_only_when_read(builder):
+    """max_pool2d_with_indices: indices are skipped when unused, computed when they are a method output."""
+    x_np = np.random.default_rng(2).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    for return_indices in (False, True):
+        pb = builder.ProgramBuilder()
+        x, o, ix = pb.tensor((1, 2, 6, 6)), pb.tensor((1, 2, 3, 3)), pb.tensor((1, 2, 3, 3), np.int64)
+        ret = pb.add(__import__("edgeport.program.schema", fromlist=["TensorList"]).TensorList([o, ix]))
+        pb.op("aten::max_pool2d_with_indices", "out",
+              [x, pb.int_list([2, 2]), pb.int_list([2, 2]), pb.int_list([0, 0]), pb.int_list([1, 1]),
+               pb.add(__import__("edgeport.program.schema", fromlist=["Bool"]).Bool(False)), o, ix, ret])
+        pb.inputs, pb.outputs = [x], [o, ix] if return_indices else [o]
+        method = Runtime.get().load_program(pb.serialize()).load_method()
+        outs = method.execute([x_np])
+        np.testing.assert_array_equal(outs[0], x_np.reshape(1, 2, 3, 2, 3, 2).max(axis=(3, 5)))
+        if return_indices:
+            flat = x_np.reshape(1, 2, 36)
+            np.testing.assert_array_equal(np.take_along_axis(flat, outs[1].reshape(1, 2, 9), -1).reshape(1, 2, 3, 3),
+                                          outs[0])

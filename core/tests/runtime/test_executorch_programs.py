@@ -41,6 +41,17 @@ def test_executorch_program_matches_eager(zoo, name, tmp_path):
     assert set(method.profile.kernel_libraries.values()) == {"portable"}
 
 
+@pytest.mark.parametrize("name", ["encoder_layer", "cnn"])
+def test_constant_folding_changes_nothing(zoo, name):
+    _, inputs, pte = zoo.cached(name)
+    program = Runtime.get().load_program(pte)
+    folded, plain = program.load_method(), program.load_method(fold_constants=False)
+    assert folded.profile.folded_instructions > 0 and plain.profile.folded_instructions == 0
+    xs = [t.numpy() for t in inputs]
+    for a, b in zip(folded.execute(xs), plain.execute(xs)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", BIG)
 def test_big_executorch_program_matches_eager(zoo, name, tmp_path):

@@ -187,7 +187,8 @@ class Program:
     def metadata(self, method_name: str) -> MethodMeta:
         return _meta_of(self._loaded.program.execution_plan[self._plan_index(method_name)])
 
-    def load_method(self, name: str = "forward", *, allow_fallback: bool = False) -> Method:
+    def load_method(self, name: str = "forward", *, allow_fallback: bool = False,
+                    fold_constants: bool = True) -> Method:
         """Resolve kernels and delegates of ``name`` and return a runnable :class:`Method`.
 
         Raises ``UnsupportedOperatorError`` for an op without a kernel and ``BackendNotFoundError`` for a
@@ -195,11 +196,15 @@ class Program:
         ``allow_fallback=True`` such a delegate runs on the portable fallback the program carries for it (a
         method named by the delegate's ``edgeport.portable_fallback`` compile spec); ``method.profile`` lists
         every fallback taken.
+
+        ``fold_constants`` runs kernel calls whose inputs are all constants (weight permutes and expands) once,
+        here, instead of on every execution (``method.profile.folded_instructions`` counts them).
         """
         from edgeport.registry import kernel_registry
 
         kernels = self._kernels if self._kernels is not None else kernel_registry()
-        plan = MethodPlan(self, self._plan_index(name), kernels, allow_fallback=allow_fallback)
+        plan = MethodPlan(self, self._plan_index(name), kernels, allow_fallback=allow_fallback,
+                          fold_constants=fold_constants)
         return Method(self, plan)
 
     def __repr__(self) -> str:

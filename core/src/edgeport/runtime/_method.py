@@ -179,6 +179,7 @@ class MethodProfile:
     overridden_kernels: dict[str, str] = field(default_factory=dict)
     delegates: list[DelegateInfo] = field(default_factory=list)
     num_instructions: int = 0
+    folded_instructions: int = 0
     runs: int = 0
     last_run_seconds: float = 0.0
 
@@ -198,8 +199,9 @@ class MethodPlan:
     """
 
     def __init__(self, owner: Any, plan_index: int, kernels: Any, *, allow_fallback: bool = False,
-                 _fallback_depth: int = 0) -> None:
+                 fold_constants: bool = True, _fallback_depth: int = 0) -> None:
         self.owner = owner
+        self.fold_constants = fold_constants
         self.plan_index = plan_index
         lp = owner._loaded
         self.plan: S.ExecutionPlan = lp.program.execution_plan[plan_index]
@@ -380,6 +382,7 @@ class MethodPlan:
                 "provides it or lower that part of the model to a backend")
         # delegate outputs are written at run time when they are dynamic or unplanned; classify later
         self.rw = rw
+        self.read = self._read_values(chains_info)
 
         # -- value templates ----------------------------------------------------------------------------
         tpl: list[Any] = [None] * nv
@@ -404,6 +407,8 @@ class MethodPlan:
             if kinds[i] is S.IntList:
                 tpl[i] = tuple(tpl[j] for j in ev.val.items)
         self.static_template = tpl  # tensors other than constants are filled per context
+        if self.fold_constants:
+            self._fold_constants(chains_info, rw)
         self.dynamic_lists: dict[int, tuple[str, list[int]]] = {}
         for i, ev in enumerate(values):
             k = kinds[i]
@@ -424,6 +429,8 @@ class MethodPlan:
             if kinds[i] is S.TensorList and any(j in self.capacity for j in ev.val.items):
                 self.tensorlist_capacity[i] = slot
                 slot += 1
+        self.none_slot = slot  # always None: given for optional out arguments nobody reads
+        slot += 1
         self.num_slots = slot
 
         # -- delegates ----------------------------------------------------------------------------------
@@ -445,6 +452,200 @@ class MethodPlan:
                 self.profile.overridden_kernels[e.op] = e.library
 
         self._build_io()
+
+    # -- constant folding ----------------------------------------------------------------------------
+    FOLD_MAX_BYTES = 64 << 20  # per folded output
+    FOLD_TOTAL_BYTES = 1 << 30
+
+    def _fold_constants(self, chains_info: list, rw: set[int]) -> None:
+        """Run, once at load, the kernel calls whose inputs are all constants (typically ``permute_copy`` and
+        ``expand_copy`` of weights); their outputs become constants and the calls leave the instruction list.
+
+        A call is folded only when it is pure (no ``pure = False`` on the kernel), writes static planned tensors
+        that no other instruction writes and that no never-written planned tensor (an alias ExecuTorch created by
+        eliding a view) overlaps, and its outputs are not method outputs.
+        """
+        plan, kinds, specs, tpl = self.plan, self.kinds, self.specs, self.static_template
+        values = plan.values
+        if any(type(i.instr_args) is S.JumpFalseCall for c in plan.chains for i in c.instructions):
+            return
+        write_count: dict[int, int] = {}
+        for infos in chains_info:
+            for info in infos:
+                if info is None or info[0] != "kernel":
+                    continue
+                _, _, _, params, rets, outs, _, _ = info
+                for pos in outs:
+                    for t in self._tensor_items(params[pos]):
+                        write_count[t] = write_count.get(t, 0) + 1
+        for chain in plan.chains:
+            for instr in chain.instructions:
+                if type(instr.instr_args) is S.DelegateCall:
+                    for idx in instr.instr_args.args:
+                        write_count[idx] = write_count.get(idx, 0) + 2  # never fold into delegate args
+        protected = set(self.input_indices) | set(self.output_indices)
+        for o in self.output_indices:
+            protected.update(self._tensor_items(o))
+        aliases = [sp for i, sp in specs.items()
+                   if sp.mem_id and i not in write_count and i not in self.input_indices and sp.nbytes]
+        # For each alias (a planned tensor no instruction writes: a view ExecuTorch elided), the tensor whose
+        # data it reads: the last tensor written over its memory before its first use.
+        alias_source: dict[int, set[int]] = {}
+        if aliases:
+            order: list[tuple[list[int], list[int]]] = []  # per instruction: (read tensors, written tensors)
+            for infos in chains_info:
+                for info in infos:
+                    if info is None or info[0] != "kernel":
+                        order.append(([], []))
+                        continue
+                    _, _, _, params, _, outs, _, _ = info
+                    written = [t for pos in outs for t in self._tensor_items(params[pos])]
+                    read = [t for pos, idx in enumerate(params) if pos not in outs for t in self._tensor_items(idx)]
+                    order.append((read, written))
+            alias_ids = {sp.index for sp in aliases}
+            for pos, (read, _) in enumerate(order):
+                for a in read:
+                    if a not in alias_ids or a in alias_source:
+                        continue
+                    sa = specs[a]
+                    lo, hi = sa.offset, sa.offset + sa.nbytes
+                    src: set[int] = set()
+                    for back in range(pos - 1, -1, -1):
+                        hits = [t for t in order[back][1] if specs[t].mem_id == sa.mem_id
+                                and specs[t].offset < hi and lo < specs[t].offset + specs[t].nbytes]
+                        if hits:
+                            src.update(hits)
+                            break
+                    alias_source[a] = src
+        read_through_alias = set().union(*alias_source.values()) if alias_source else set()
+        total = 0
+        folded = 0
+        for infos in chains_info:
+            for n, info in enumerate(infos):
+                if info is None or info[0] != "kernel":
+                    continue
+                _, name, entry, params, rets, outs, stores, mut = info
+                if stores or mut or not outs or getattr(entry.fn, "pure", True) is False:
+                    continue
+                out_tensors = [t for pos in outs for t in self._tensor_items(params[pos])]
+                ok = bool(out_tensors)
+                for t in out_tensors:
+                    sp = specs[t]
+                    if (sp.dynamic or not sp.mem_id or t in protected or write_count.get(t, 0) != 1
+                            or sp.nbytes > self.FOLD_MAX_BYTES):
+                        ok = False
+                        break
+                    if t in read_through_alias and not self._aliases_foldable(t, alias_source):
+                        ok = False
+                        break
+                if not ok:
+                    continue
+                args: list[Any] = []
+                for pos, idx in enumerate(params):
+                    k = kinds[idx]
+                    if pos in outs:
+                        if k is S.TensorList:
+                            args.append([_empty_view(specs[j]) for j in values[idx].val.items])
+                        else:
+                            args.append(_empty_view(specs[idx]))
+                        continue
+                    if idx in rw:
+                        ok = False
+                        break
+                    if k is S.Tensor:
+                        if specs[idx].constant is None:
+                            ok = False
+                            break
+                        args.append(specs[idx].constant)
+                    elif k in (S.TensorList, S.OptionalTensorList):
+                        items = list(values[idx].val.items)
+                        if any(j >= 0 and (j in rw or kinds[j] is S.Tensor and specs[j].constant is None)
+                               for j in items):
+                            ok = False
+                            break
+                        args.append([None if j < 0 else (specs[j].constant if kinds[j] is S.Tensor else None)
+                                     for j in items])
+                    elif k is S.IntList and any(j in rw for j in values[idx].val.items):
+                        ok = False
+                        break
+                    else:
+                        args.append(tpl[idx])
+                if not ok:
+                    continue
+                size = sum(specs[t].nbytes for t in out_tensors)
+                if total + size > self.FOLD_TOTAL_BYTES:
+                    continue
+                try:
+                    with np.errstate(all="ignore"):
+                        entry.fn(*args)
+                except Exception:  # noqa: BLE001 - leave it to run (and report) at run time
+                    continue
+                for pos in outs:
+                    arrs = args[pos] if isinstance(args[pos], list) else [args[pos]]
+                    for t, arr in zip(self._tensor_items(params[pos]), arrs):
+                        arr.flags.writeable = False
+                        specs[t].constant = arr
+                        tpl[t] = arr
+                        for a, src in alias_source.items():
+                            if src == {t}:  # an elided view of the folded tensor: a view of the constant
+                                view = self._alias_view(specs[t], specs[a])
+                                specs[a].constant = view
+                                tpl[a] = view
+                total += size
+                folded += 1
+                infos[n] = ("folded", name)
+        self.profile.folded_instructions = folded
+
+    def _aliases_foldable(self, t: int, alias_source: dict[int, set[int]]) -> bool:
+        st = self.specs[t]
+        for a, src in alias_source.items():
+            if t not in src:
+                continue
+            sa = self.specs[a]
+            if src != {t} or sa.offset < st.offset or sa.offset + sa.nbytes > st.offset + st.nbytes:
+                return False
+        return True
+
+    @staticmethod
+    def _alias_view(st: _TensorSpec, sa: _TensorSpec) -> np.ndarray:
+        arr = st.constant
+        phys = arr.transpose(list(st.dim_order)) if not st.contiguous_order else arr  # memory order
+        raw = np.ascontiguousarray(phys).reshape(-1).view(np.uint8)
+        start = sa.offset - st.offset
+        view = _logical_view(raw[start:start + sa.nbytes], sa)
+        view.flags.writeable = False
+        return view
+
+    def _read_values(self, chains_info: list) -> set[int]:
+        """Values some instruction reads (or the method returns); an out argument outside it is never used."""
+        values, kinds = self.plan.values, self.kinds
+        read: set[int] = set()
+
+        def mark(idx: int) -> None:
+            read.add(idx)
+            if kinds[idx] in (S.TensorList, S.OptionalTensorList, S.IntList):
+                read.update(j for j in values[idx].val.items if j >= 0)
+
+        for idx in self.output_indices:
+            mark(idx)
+        for ci, chain in enumerate(self.plan.chains):
+            for ii, instr in enumerate(chain.instructions):
+                a = instr.instr_args
+                k = type(a)
+                info = chains_info[ci][ii]
+                if k is S.KernelCall and info is not None and info[0] == "kernel":
+                    _, _, _, params, _, outs, _, mut = info
+                    for pos, idx in enumerate(params):
+                        if pos not in outs or pos in mut:
+                            mark(idx)
+                elif k is S.DelegateCall:
+                    for idx in a.args:
+                        mark(idx)
+                elif k is S.MoveCall:
+                    mark(a.move_from)
+                elif k is S.JumpFalseCall:
+                    mark(a.cond_value_index)
+        return read
 
     def _constant_view(self, data: memoryview, spec: _TensorSpec, at: str) -> np.ndarray:
         if len(data) < spec.nbytes:
@@ -571,13 +772,19 @@ class MethodPlan:
             info = infos[ii]
             label = f"chains[{ci}].instructions[{ii}]"
             k = type(a)
+            if k is S.KernelCall and info[0] == "folded":
+                continue
             if k is S.KernelCall:
                 _, name, entry, params, rets, outs, stores, mut = info
                 label += f" ({name})"
                 arg_slots = list(params)
+                optional = getattr(entry.fn, "optional_outs", ())
                 for pos in outs:
                     idx = params[pos]
-                    if idx in self.capacity:
+                    items = self._tensor_items(idx)
+                    if pos in optional and idx not in self.read and items and all(t not in self.read for t in items):
+                        arg_slots[pos] = self.none_slot
+                    elif idx in self.capacity:
                         arg_slots[pos] = self.capacity[idx]
                     elif idx in self.tensorlist_capacity:
                         arg_slots[pos] = self.tensorlist_capacity[idx]

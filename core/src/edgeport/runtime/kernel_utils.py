@@ -16,6 +16,12 @@ shape — :func:`resize` builds that view. The number of positional parameters o
 splits a ``KernelCall``'s argument list into schema arguments and returned values; a kernel that cannot be
 introspected sets ``fn.num_args``.
 
+Optional attributes of a kernel function: ``num_args`` (see above); ``optional_outs``, positions of out
+arguments the kernel accepts as ``None`` when the program never reads them (the runtime then skips their
+memory, e.g. the indices of ``max_pool2d_with_indices``); ``pure = False`` for kernels whose result is not a
+function of their inputs (random numbers), which are never constant-folded at load; ``mutates``, positions of
+arguments the kernel replaces by returned values.
+
 Ops that return a value instead of writing an out tensor (``executorch_prim::add.Scalar``,
 ``aten::sym_size.int``, ``executorch_prim::et_view.default``) return it.
 """

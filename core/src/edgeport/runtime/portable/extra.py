@@ -320,6 +320,10 @@ def randperm_out(n, out):
     return out
 
 
+for _fn in (rand_out, randn_out, randperm_out, native_dropout_out):
+    _fn.pure = False  # never constant-folded at load
+
+
 @kernel("aten::_local_scalar_dense", "aten::_local_scalar_dense.default")
 def local_scalar_dense(self):
     if self.size != 1:

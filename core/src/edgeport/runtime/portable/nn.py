@@ -216,6 +216,8 @@ def _taps(xp, k, s, d, Ho, Wo):
 
 @kernel("aten::max_pool2d_with_indices.out")
 def max_pool2d_with_indices_out(self, kernel_size, stride, padding, dilation, ceil_mode, out, indices):
+    """Separable: the max over each window's columns first, then over its rows (2 x k passes instead of
+    k x k). ``indices`` may be ``None`` when the program never reads them (see ``optional_outs``)."""
     x = self
     k, s, p, d, Ho, Wo = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode)
     H, W = x.shape[-2:]
@@ -225,32 +227,53 @@ def max_pool2d_with_indices_out(self, kernel_size, stride, padding, dilation, ce
     xp = _pad_spatial(x, p, (hi_h, hi_w), lowest)
     shape = x.shape[:-2] + (Ho, Wo)
     out = resize(out, shape) if out.shape != shape else out
+    want_idx = indices is not None
+    # stage 1: max over the kernel's columns, for every padded row
+    cols = [xp[..., :, j * d[1]: j * d[1] + s[1] * (Wo - 1) + 1: s[1]] for j in range(k[1])]
+    hmax = cols[0].copy()
+    for c in cols[1:]:
+        np.maximum(hmax, c, out=hmax)  # propagates NaN like torch
+    # stage 2: max over the kernel's rows
+    rows = [hmax[..., i * d[0]: i * d[0] + s[0] * (Ho - 1) + 1: s[0], :] for i in range(k[0])]
+    np.copyto(out, rows[0], casting="unsafe")
+    for r in rows[1:]:
+        np.maximum(out, r, out=out, casting="unsafe")
+    if not want_idx:
+        return out, None
     indices = resize(indices, shape) if indices.shape != shape else indices
-    best = None
-    arg = np.zeros(shape, dtype=np.int32)
-    offs = []
-    for t, (i, j, view) in enumerate(_taps(xp, k, s, d, Ho, Wo)):
-        offs.append((i * d[0], j * d[1]))
-        if best is None:
-            best = out
-            np.copyto(best, view, casting="unsafe")
-            continue
-        mask = view > best
-        mask |= np.isnan(view)
-        np.copyto(best, view, where=mask, casting="unsafe")
-        np.copyto(arg, t, where=mask)
-    di = np.array([o[0] for o in offs], dtype=np.int64)
-    dj = np.array([o[1] for o in offs], dtype=np.int64)
-    rows = (np.arange(Ho, dtype=np.int64) * s[0] - p[0])[:, None]
-    cols = (np.arange(Wo, dtype=np.int64) * s[1] - p[1])[None, :]
-    np.copyto(indices, (rows + di[arg]) * W + (cols + dj[arg]), casting="unsafe")
+    # torch scans each window row-major and keeps the first maximum, but the last NaN. Here: the smallest row
+    # whose column-max equals the maximum, then in that row the smallest column holding it (for a NaN window,
+    # the largest row and column holding a NaN).
+    best = out if out.dtype == x.dtype else out.astype(x.dtype)
+    nan = np.isnan(best) if x.dtype.kind == "f" else None
+    if nan is not None and not nan.any():
+        nan = None
+    ii = np.zeros(shape, dtype=np.int64)
+    for i in reversed(range(k[0])):
+        np.copyto(ii, i, where=rows[i] == best)
+    if nan is not None:
+        for i in range(k[0]):
+            np.copyto(ii, i, where=nan & np.isnan(rows[i]))
+    jj = np.zeros(shape, dtype=np.int64)
+    row_sel = np.arange(Ho, dtype=np.int64)[:, None] * s[0] + ii * d[0]  # padded row of the max
+    picked = [np.take_along_axis(cols[j], row_sel, axis=-2) for j in range(k[1])]
+    for j in reversed(range(k[1])):
+        np.copyto(jj, j, where=picked[j] == best)
+    if nan is not None:
+        for j in range(k[1]):
+            np.copyto(jj, j, where=nan & np.isnan(picked[j]))
+    r = row_sel - p[0]
+    c = np.arange(Wo, dtype=np.int64)[None, :] * s[1] + jj * d[1] - p[1]
+    np.copyto(indices, r * W + c, casting="unsafe")
     return out, indices
+
+
+max_pool2d_with_indices_out.optional_outs = (7,)  # the indices
 
 
 @kernel("aten::max_pool2d.out")
 def max_pool2d_out(self, kernel_size, stride, padding, dilation, ceil_mode, out):
-    idx = np.empty(out.shape, dtype=np.int64)
-    return max_pool2d_with_indices_out(self, kernel_size, stride, padding, dilation, ceil_mode, out, idx)[0]
+    return max_pool2d_with_indices_out(self, kernel_size, stride, padding, dilation, ceil_mode, out, None)[0]
 
 
 @kernel("aten::avg_pool2d.out")
