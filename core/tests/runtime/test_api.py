@@ -282,3 +282,15 @@ def test_optional_outputs_computed_only_when_read(builder):
             flat = x_np.reshape(1, 2, 36)
             np.testing.assert_array_equal(np.take_along_axis(flat, outs[1].reshape(1, 2, 9), -1).reshape(1, 2, 3, 3),
                                           outs[0])
+
+
+def test_op_timing(linear_pte):
+    method = Runtime.get().load_program(linear_pte).load_method()
+    method.time_ops = True
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    method.execute([x])
+    method.execute([x])
+    prof = method.profile
+    assert set(prof.op_calls) == {"aten::addmm.out", "aten::relu.out"}  # the permute was folded at load
+    assert prof.op_calls["aten::relu.out"] == 2 and prof.op_seconds["aten::relu.out"] > 0
+    assert prof.runs == 2 and prof.last_run_seconds > 0

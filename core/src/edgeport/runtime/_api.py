@@ -134,6 +134,15 @@ class Method:
         """Kernel library per op, the executor or portable fallback of each delegate, run counters."""
         return self._plan.profile
 
+    @property
+    def time_ops(self) -> bool:
+        """When true, each run adds its per-op wall time to ``profile.op_seconds`` / ``profile.op_calls``."""
+        return self._runner.time_ops
+
+    @time_ops.setter
+    def time_ops(self, on: bool) -> None:
+        self._runner.time_ops = bool(on)
+
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         """Run the method on ``inputs`` (numpy arrays, or torch tensors when torch is installed, or scalars);
         returns the outputs as numpy arrays (fresh copies) or Python scalars."""

@@ -182,6 +182,9 @@ class MethodProfile:
     folded_instructions: int = 0
     runs: int = 0
     last_run_seconds: float = 0.0
+    #: with ``method.time_ops = True``: seconds and calls per op (kernel name or ``delegate N: backend``)
+    op_seconds: dict[str, float] = field(default_factory=dict)
+    op_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def fallbacks(self) -> list[DelegateInfo]:
@@ -1178,6 +1181,7 @@ class MethodRunner:
         except RuntimeExecutionError as exc:
             raise ProgramError(str(exc)) from exc
         self._run_chains = [(ops, has_jump, labels) for ops, has_jump, labels in plan.chains]
+        self.time_ops = False
 
     def _acquire(self) -> _Context:
         with self._lock:
@@ -1203,6 +1207,9 @@ class MethodRunner:
                 bind(vals, x)
             with np.errstate(all="ignore"):
                 for ops, has_jump, labels in self._run_chains:
+                    if self.time_ops and not has_jump:
+                        self._run_timed(ops, labels, vals)
+                        continue
                     if has_jump:
                         self._run_with_jumps(ops, labels, vals)
                         continue
@@ -1222,6 +1229,25 @@ class MethodRunner:
         prof.runs += 1
         prof.last_run_seconds = time.perf_counter() - t0
         return outs
+
+    def _run_timed(self, ops: list[tuple], labels: list[str], vals: list) -> None:
+        prof = self.plan.profile
+        secs, calls = prof.op_seconds, prof.op_calls
+        clock = time.perf_counter
+        i = -1
+        try:
+            for i, (fn, get, post) in enumerate(ops):  # noqa: B007
+                t = clock()
+                r = fn(*get(vals))
+                if post is not None:
+                    post(vals, r)
+                dt = clock() - t
+                label = labels[i]
+                key = label[label.find("(") + 1:-1] if "(" in label else label
+                secs[key] = secs.get(key, 0.0) + dt
+                calls[key] = calls.get(key, 0) + 1
+        except Exception as exc:
+            raise self._wrap(exc, labels, i) from exc
 
     def _run_with_jumps(self, ops: list[tuple], labels: list[str], vals: list) -> None:
         pc = 0

@@ -35,7 +35,7 @@ import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
 
-__all__ = ["resize", "store", "normalize_dim", "normalize_dims"]
+__all__ = ["resize", "store", "normalize_dim", "normalize_dims", "check_fits"]
 
 
 def resize(out: np.ndarray, shape: Sequence[int]) -> np.ndarray:
@@ -76,6 +76,15 @@ def _physical_flat(out: np.ndarray, order: list[int]) -> np.ndarray:
     if not phys.flags.c_contiguous:
         raise RuntimeExecutionError("cannot resize an output that is not dense in memory")
     return phys.reshape(-1)
+
+
+def check_fits(out: np.ndarray, shape: Sequence[int], what: str = "an output") -> None:
+    """Raise before computing a result of ``shape`` that cannot fit ``out``'s planned memory (so that a hostile
+    size in a program fails fast instead of allocating a huge temporary)."""
+    n = prod(int(s) for s in shape)
+    if any(int(s) < 0 for s in shape) or n > out.size:
+        raise RuntimeExecutionError(
+            f"{what} of shape {list(shape)} does not fit its planned buffer of {out.size} elements")
 
 
 def store(out: np.ndarray, value: object) -> np.ndarray:

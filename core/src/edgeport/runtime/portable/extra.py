@@ -8,6 +8,7 @@ from math import prod
 import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
+from edgeport.runtime.kernel_utils import check_fits
 from edgeport.runtime.portable._common import kernel, normalize_dim, normalize_dims, resize, store
 from edgeport.runtime.portable.nn import _pool_out_size, _tuple
 from edgeport.runtime.portable.shape import _copy_into
@@ -78,6 +79,7 @@ def _pad_mode(self, padding, nd, mode, out):
         for (lo, hi), n in zip(width[self.ndim - nd:], self.shape[self.ndim - nd:]):
             if lo >= n or hi >= n:
                 raise RuntimeExecutionError(f"reflection pad: padding ({lo}, {hi}) must be smaller than the size {n}")
+    check_fits(out, [n + lo + hi for n, (lo, hi) in zip(self.shape, width)], f"{mode} pad")
     return store(out, np.pad(self, width, mode=mode))
 
 
@@ -355,6 +357,7 @@ def upsample_bilinear2d_vec_out(input, output_size, align_corners, scale_factors
         ratio = (1.0 / scale) if scale else n_in / n_out
         return np.maximum((np.arange(n_out) + 0.5) * ratio - 0.5, 0)
 
+    check_fits(out, input.shape[:-2] + (Ho, Wo), "upsample_bilinear2d")
     ys, xs = coords(H, Ho, sh), coords(W, Wo, sw)
     y0 = np.minimum(np.floor(ys).astype(np.int64), H - 1)
     x0 = np.minimum(np.floor(xs).astype(np.int64), W - 1)
@@ -467,6 +470,7 @@ def avg_pool3d_out(self, kernel_size, stride, padding, ceil_mode, count_include_
 @kernel("aten::_adaptive_avg_pool3d.out")
 def adaptive_avg_pool3d_out(self, output_size, out):
     osz = _tuple(output_size, 3, "output_size")
+    check_fits(out, self.shape[:-3] + osz, "adaptive_avg_pool3d")
     sizes = self.shape[-3:]
     res = np.empty(self.shape[:-3] + osz, dtype=np.float64)
     bounds = [[((o * n) // m, -((-(o + 1) * n) // m)) for o in range(m)] for n, m in zip(sizes, osz)]

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from edgeport.errors import RuntimeExecutionError
+from edgeport.runtime.kernel_utils import check_fits
 from edgeport.runtime.portable._common import kernel, normalize_dim, resize, store
 
 
@@ -174,6 +175,9 @@ def _conv_transpose(x, w, stride, padding, dilation, output_padding, groups):
     osp = tuple(full[i] - 2 * padding[i] + output_padding[i] for i in range(nsp))
     if min(osp) <= 0:
         raise RuntimeExecutionError(f"transposed convolution: output size {osp} is not positive")
+    if any(op >= max(st, dl) for op, st, dl in zip(output_padding, stride, dilation)):
+        raise RuntimeExecutionError(f"transposed convolution: output_padding {output_padding} must be smaller than "
+                                    f"stride {stride} or dilation {dilation}")
     buf = np.zeros((N, G, Og) + tuple(full[i] + output_padding[i] for i in range(nsp)), dtype=cols.dtype)
     for k in itertools.product(*(range(kk) for kk in K)):
         sl = tuple(slice(k[i] * dilation[i], k[i] * dilation[i] + stride[i] * (S[i] - 1) + 1, stride[i])
@@ -320,6 +324,9 @@ def adaptive_avg_pool2d_out(self, output_size, out):
     Ho, Wo = _tuple(output_size, 2, "output_size")
     H, W = x.shape[-2:]
     lead = x.shape[:-2]
+    if Ho <= 0 or Wo <= 0:
+        raise RuntimeExecutionError(f"adaptive_avg_pool2d: output size {(Ho, Wo)} must be positive")
+    check_fits(out, lead + (Ho, Wo), "adaptive_avg_pool2d")
     if H % Ho == 0 and W % Wo == 0:
         res = x.reshape(lead + (Ho, H // Ho, Wo, W // Wo)).mean(axis=(-3, -1))
         return store(out, res)

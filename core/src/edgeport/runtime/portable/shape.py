@@ -7,6 +7,7 @@ from math import prod
 import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
+from edgeport.runtime.kernel_utils import check_fits
 from edgeport.runtime.portable._common import kernel, normalize_dim, resize, store
 
 
@@ -94,7 +95,10 @@ def expand_copy_out(self, size, implicit, out):
 @kernel("aten::repeat.out")
 def repeat_out(self, repeats, out):
     repeats = tuple(int(r) for r in repeats)
+    if len(repeats) < self.ndim or any(r < 0 for r in repeats):
+        raise RuntimeExecutionError(f"repeat: bad repeats {list(repeats)} for a tensor of rank {self.ndim}")
     x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    check_fits(out, [a * b for a, b in zip(x.shape, repeats)], "repeat")
     return _copy_into(out, np.tile(x, repeats))
 
 
@@ -319,6 +323,7 @@ def upsample_nearest2d_vec_out(input, output_size, scale_factors, out):  # noqa:
     else:
         sh, sw = scale_factors
         Ho, Wo = int(H * sh), int(W * sw)
+    check_fits(out, input.shape[:-2] + (Ho, Wo), "upsample_nearest2d")
     hi = _nearest_index(H, Ho, sh)
     wi = _nearest_index(W, Wo, sw)
     return store(out, input[..., hi[:, None], wi[None, :]])
@@ -328,6 +333,7 @@ def upsample_nearest2d_vec_out(input, output_size, scale_factors, out):  # noqa:
 def upsample_nearest2d_out(self, output_size, scales_h, scales_w, out):
     H, W = self.shape[-2:]
     Ho, Wo = (int(s) for s in output_size)
+    check_fits(out, self.shape[:-2] + (Ho, Wo), "upsample_nearest2d")
     hi = _nearest_index(H, Ho, scales_h)
     wi = _nearest_index(W, Wo, scales_w)
     return store(out, self[..., hi[:, None], wi[None, :]])
