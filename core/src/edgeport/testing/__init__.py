@@ -1,1 +1,28 @@
-"""Test support shipped with the core: a small model zoo (and, later, the backend conformance suite)."""
+"""Test support shipped with the core: the model zoo (:mod:`edgeport.testing.models`), the seed tutorial's demo
+backend (:mod:`edgeport.testing.tutorial_backend`) and the backend conformance suite
+(:mod:`edgeport.testing.conformance`; ``from edgeport.testing import BackendConformance``).
+
+Importing this package is light; the conformance suite (which needs pytest and torch) loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "BackendConformance": "edgeport.testing.conformance",
+    "Const": "edgeport.testing.conformance",
+    "Sample": "edgeport.testing.conformance",
+    "SAMPLES": "edgeport.testing.conformance",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgeport.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["SAMPLES", "BackendConformance", "Const", "Sample"]
