@@ -73,16 +73,16 @@ def main() -> None:
         with torch.no_grad():
             ref = model(*inputs).numpy()
         err = float(np.abs(method.execute(np_inputs)[0] - ref).max())
-        ours = _median_time(lambda: method.execute(np_inputs), args.reps)
+        ours = _median_time(lambda m=method, x=np_inputs: m.execute(x), args.reps)
         with torch.no_grad():
-            eager = _median_time(lambda: model(*inputs), args.reps)
+            eager = _median_time(lambda m=model, x=inputs: m(*x), args.reps)
         et = None
         if not args.no_executorch:
             try:
                 from executorch.runtime import Runtime as ETRuntime
 
                 et_method = ETRuntime.get().load_program(pte).load_method("forward")
-                et = _median_time(lambda: et_method.execute(list(inputs)), args.et_reps)
+                et = _median_time(lambda m=et_method, x=list(inputs): m.execute(x), args.et_reps)
             except ImportError:
                 et = None
         rows.append((name, ours, et, eager, err, load_s))
@@ -90,8 +90,8 @@ def main() -> None:
         print(f"# {name}: ours {ours * 1e3:.1f} ms, executorch {et_txt}, eager {eager * 1e3:.1f} ms", file=sys.stderr)
 
     threads = args.threads or "default"
-    print(f"| model | edgeport runtime | ExecuTorch runtime (portable) | eager PyTorch | edgeport / ExecuTorch "
-          f"| edgeport / team's ET number | max abs err vs eager | load |")
+    print("| model | edgeport runtime | ExecuTorch runtime (portable) | eager PyTorch | edgeport / ExecuTorch "
+          "| edgeport / team's ET number | max abs err vs eager | load |")
     print("|---|---|---|---|---|---|---|---|")
     for name, ours, et, eager, err, load_s in rows:
         ratio = f"{ours / et:.3f}x" if et else "n/a"

@@ -25,7 +25,7 @@ def _run_and_compare(zoo, name, tmp_path, atol=1e-4):
     with torch.no_grad():
         expected = model(*inputs)
     expected = expected if isinstance(expected, (tuple, list)) else [expected]
-    for trial in range(2):  # a second run reuses the planned arenas
+    for _trial in range(2):  # a second run reuses the planned arenas
         got = method.execute([t.numpy() for t in inputs])
         assert len(got) == len(expected)
         for g, e in zip(got, expected):

@@ -288,7 +288,7 @@ class MethodPlan:
         self.input_indices, self.output_indices = inputs, outputs
         operators = plan.operators
         resolved_ops: list[tuple[str, Any, int]] = []  # per operator: (name, KernelEntry, arity)
-        for oi, op in enumerate(operators):
+        for op in operators:
             name = op_name(op)
             entry = self.kernels.get(name)
             if entry is None and not op.overload:
@@ -1033,7 +1033,7 @@ class MethodPlan:
                 raise self._err(f"inputs[{k}]: value {idx} is a {kind.__name__}, which cannot be a method input")
         self.binders = binders
         self.output_infos: list[TensorInfo | type] = []
-        for k, idx in enumerate(self.output_indices):
+        for idx in self.output_indices:
             kind = kinds[idx]
             if kind is S.Tensor:
                 sp = specs[idx]

@@ -60,15 +60,15 @@ def convolution_out(input, weight, bias, stride, padding, dilation, transposed, 
             res += _bias_view(bias, res.ndim)
         return store(out, res)
     N, C = input.shape[:2]
-    O = weight.shape[0]
-    if C != weight.shape[1] * groups or O % groups:
+    Cout = weight.shape[0]
+    if C != weight.shape[1] * groups or Cout % groups:
         raise RuntimeExecutionError(
             f"convolution: input has {C} channels, weight {list(weight.shape)} with groups={groups}")
     osp = tuple((input.shape[2 + i] + 2 * padding[i] - dilation[i] * (weight.shape[2 + i] - 1) - 1) // stride[i] + 1
                 for i in range(nsp))
     if min(osp) <= 0:
         raise RuntimeExecutionError(f"convolution: output spatial size {osp} is not positive")
-    shape = (N, O) + osp
+    shape = (N, Cout) + osp
     if out.shape != shape:
         out = resize(out, shape)
     direct = out.dtype == input.dtype == weight.dtype and out.flags.c_contiguous
@@ -83,16 +83,16 @@ def convolution_out(input, weight, bias, stride, padding, dilation, transposed, 
 
 def _conv_forward(x, w, stride, padding, dilation, groups, osp, out):
     N, C = x.shape[:2]
-    O = w.shape[0]
+    Cout = w.shape[0]
     K = w.shape[2:]
     nsp = len(K)
     P = prod(osp)
     if groups == 1 and all(k == 1 for k in K) and not any(padding):
         xs = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)] if any(
             s != 1 for s in stride) else x
-        np.matmul(w.reshape(O, C), xs.reshape(N, C, P), out=out.reshape(N, O, P))
+        np.matmul(w.reshape(Cout, C), xs.reshape(N, C, P), out=out.reshape(N, Cout, P))
         return
-    if groups == C and O == C and nsp == 2:
+    if groups == C and Cout == C and nsp == 2:
         if osp[0] * osp[1] <= 2 * C:
             _depthwise2d_nhwc(x, w, stride, padding, dilation, osp, out)
         else:
@@ -100,7 +100,7 @@ def _conv_forward(x, w, stride, padding, dilation, groups, osp, out):
         return
     xp = _pad_spatial(x, padding, padding)
     G = groups
-    Cg, Og = C // G, O // G
+    Cg, Og = C // G, Cout // G
     sN, sC = xp.strides[:2]
     ssp = xp.strides[2:]
     patches = as_strided(
@@ -303,8 +303,8 @@ def avg_pool2d_out(self, kernel_size, stride, padding, ceil_mode, count_include_
 
 
 def _avg_divisor(H, W, Ho, Wo, k, s, p, count_include_pad):
-    def axis(L, O, kk, ss, pp):
-        start = np.arange(O) * ss - pp
+    def axis(L, n_out, kk, ss, pp):
+        start = np.arange(n_out) * ss - pp
         end = np.minimum(start + kk, L + pp)
         size = end - start
         cstart = np.maximum(start, 0)
