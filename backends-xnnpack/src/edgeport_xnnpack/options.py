@@ -1,0 +1,43 @@
+"""Typed compile options of XnnpackBackend (torch-free)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgeport.backend import CompileOptions, CompileSpec
+
+
+@dataclass
+class XnnpackCompileOptions(CompileOptions):
+    """Options carried as compile specs (each value JSON-encoded; ExecuTorch's XNNPACK runtime ignores them).
+
+    ``num_threads``: threads of the pthreadpool edgeport's executor runs this delegate with; ``None`` (the
+    default) means ``EDGEPORT_XNNPACK_THREADS`` or every core available to the process.
+    """
+
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        n = self.num_threads
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024):
+            raise ValueError(f"XnnpackCompileOptions.num_threads must be an int in 1..1024, got {n!r}")
+
+    def to_compile_specs(self) -> list[CompileSpec]:
+        if self.num_threads is None:
+            return []
+        return [CompileSpec("num_threads", json.dumps(self.num_threads).encode())]
+
+    @classmethod
+    def from_compile_specs(cls, specs: Sequence[CompileSpec]) -> XnnpackCompileOptions:
+        """Parse compile specs; unknown keys raise ``ValueError`` naming the known ones."""
+        values = {}
+        for spec in specs:
+            if spec.key != "num_threads":
+                raise ValueError(f"unknown compile spec {spec.key!r} for XnnpackBackend; known keys: ['num_threads']")
+            try:
+                values["num_threads"] = json.loads(bytes(spec.value).decode())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"compile spec 'num_threads' is not JSON: {exc}") from exc
+        return cls(**values)

@@ -1,0 +1,374 @@
+"""``XnnpackExecutor``: runs XNNPACK delegate blobs (edgeport's and ExecuTorch's) on libXNNPACK. Torch-free.
+
+``init`` reads and checks the blob (any malformation -> :class:`~edgeport.errors.ProgramError`), then plans it
+as steps in blob order: maximal runs of nodes this libXNNPACK can define become one native subgraph/runtime
+each (weights packed once, at creation), and the nodes it lacks (static transpose, concatenate, slice, batch
+matrix multiply, ...) become numpy host steps. Values crossing a step boundary get a buffer allocated once.
+Constants that XNNPACK packs are read from the blob during ``init`` only; the few it keeps pointers to are
+copied, so the blob is not retained. ``execute`` binds the caller's arrays and fresh output arrays as external
+values without copying them. ``destroy`` frees every native object.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from edgeport.backend import CompileSpec, RuntimeExecutor
+from edgeport.errors import ProgramError, RuntimeExecutionError
+
+from edgeport_xnnpack import native
+from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
+from edgeport_xnnpack._host import HOST_KINDS, make_host_fn
+from edgeport_xnnpack.capabilities import BACKEND_ID
+from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.schema.graph import FP32, INVALID_ID, UINT64_MAX, Graph, TensorValue, XNode
+from edgeport_xnnpack.schema.reader import BlobError, read_blob
+
+NamedData = Callable[[str], Any] | Mapping[str, Any]
+_WEIGHT_KINDS = ("XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNFullyConnected")
+_NP = {1: np.float32, 2: np.float16, 3: np.int8, 4: np.uint8, 5: np.int32, 6: np.int8, 7: np.int32}
+
+
+def _fail(msg: str) -> ProgramError:
+    return ProgramError(f"{BACKEND_ID} blob: {msg}")
+
+
+@dataclass
+class _Native:
+    runtime: native.Runtime
+    bind: list[tuple[int, int]]  # (subgraph external id, blob value id)
+    label: str
+
+
+@dataclass
+class _Host:
+    fn: Callable[[Sequence[np.ndarray], np.ndarray], None]
+    inputs: list[int]
+    output: int
+    label: str
+
+
+@dataclass
+class XnnpackHandle:
+    """What ``init`` returns."""
+
+    inputs: list[tuple[int, tuple[int, ...]]]   # (value id, dims) in call order
+    outputs: list[tuple[int, tuple[int, ...]]]
+    steps: list[_Native | _Host]
+    buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
+    pool: native.ThreadPool | None
+    summary: dict[str, int] = field(default_factory=dict)
+    alive: bool = True
+
+
+def _value_dims(v: TensorValue, where: str) -> tuple[int, ...]:
+    if len(v.dims) > native.MAX_TENSOR_DIMS or any(d > 0x7FFFFFFF for d in v.dims):
+        raise _fail(f"{where}: dims {v.dims} exceed XNNPACK's limits")
+    return tuple(int(d) for d in v.dims)
+
+
+class _Planner:
+    def __init__(self, graph: Graph, constants: memoryview, named: NamedData | None, lib: native.Library) -> None:
+        self.g, self.constants, self.named, self.lib = graph, constants, named, lib
+        self.values: dict[int, TensorValue] = {}
+        self.dims: dict[int, tuple[int, ...]] = {}
+        self.const: dict[int, np.ndarray] = {}
+
+    # -- checks ----------------------------------------------------------------------------------------------
+    def check_values(self) -> tuple[list[int], list[int]]:
+        ins, outs = [], []
+        for i, v in enumerate(self.g.values):
+            where = f"xvalues[{i}] (id {v.id_out})"
+            if v.id_out in self.values or v.id_out == INVALID_ID:
+                raise _fail(f"{where}: duplicate or invalid value id")
+            if v.datatype not in _NP:
+                raise _fail(f"{where}: datatype {v.datatype} is not supported by this executor")
+            if v.quant_kind or v.dq_datatype:
+                raise _fail(f"{where}: dynamic or blockwise quantization is not supported by this libXNNPACK")
+            if v.flags & ~(native.FLAG_EXTERNAL_INPUT | native.FLAG_EXTERNAL_OUTPUT):
+                raise _fail(f"{where}: unknown value flags {v.flags:#x}")
+            self.values[v.id_out] = v
+            self.dims[v.id_out] = _value_dims(v, where)
+            if v.flags and (v.external_id >= self.g.num_externs or v.constant_buffer_idx):
+                raise _fail(f"{where}: external id {v.external_id} out of range 0..{self.g.num_externs - 1}")
+            if v.flags == native.FLAG_EXTERNAL_INPUT:
+                ins.append(v.id_out)
+            elif v.flags == native.FLAG_EXTERNAL_OUTPUT:
+                outs.append(v.id_out)
+            elif v.flags:
+                raise _fail(f"{where}: a value cannot be both an external input and output")
+            if v.constant_buffer_idx:
+                self.const[v.id_out] = self._constant(v, where)
+        ins.sort(key=lambda i: self.values[i].external_id)
+        outs.sort(key=lambda i: self.values[i].external_id)
+        ext = [self.values[i].external_id for i in ins + outs]
+        if ext != list(range(len(ext))) or len(ext) != self.g.num_externs:
+            raise _fail(f"external ids {ext} must be 0..{self.g.num_externs - 1}, inputs first")
+        return ins, outs
+
+    def _constant(self, v: TensorValue, where: str) -> np.ndarray:
+        idx, dtype = v.constant_buffer_idx, np.dtype(_NP[v.datatype])
+        nbytes = math.prod(v.dims) * dtype.itemsize
+        if self.g.legacy_buffers is not None and not len(self.constants):
+            if idx >= len(self.g.legacy_buffers):
+                raise _fail(f"{where}: constant_buffer index {idx} out of range")
+            data = self.g.legacy_buffers[idx]
+        else:
+            if idx >= len(self.g.constant_data):
+                raise _fail(f"{where}: constant_data index {idx} out of range ({len(self.g.constant_data)})")
+            entry = self.g.constant_data[idx]
+            if entry.named_key is not None and (entry.named_key or entry.offset == UINT64_MAX):
+                data = self._named(entry.named_key, where)
+            else:
+                if entry.offset > len(self.constants) or entry.size > len(self.constants) - entry.offset:
+                    raise _fail(f"{where}: constant [{entry.offset}, +{entry.size}) lies outside the "
+                                f"{len(self.constants)}-byte constant data (truncated blob?)")
+                data = self.constants[entry.offset:entry.offset + entry.size]
+        if len(data) < nbytes:
+            raise _fail(f"{where}: constant has {len(data)} bytes, dims {v.dims} need {nbytes}")
+        return np.frombuffer(data, dtype=dtype, count=math.prod(v.dims)).reshape(v.dims)
+
+    def _named(self, key: str, where: str) -> memoryview:
+        if self.named is None:
+            raise _fail(f"{where}: weights are stored in the program's named data (key {key[:16]}...), but no "
+                        "named data was passed to the executor; this edgeport runtime must pass named_data= to init")
+        try:
+            data = self.named[key] if isinstance(self.named, Mapping) else self.named(key)
+            mv = memoryview(data)
+            return mv.cast("B") if mv.ndim != 1 or mv.itemsize != 1 else mv
+        except Exception as exc:  # noqa: BLE001 - any lookup failure is a program error
+            raise _fail(f"{where}: named data {key!r} not found: {exc}") from exc
+
+    def check_nodes(self, inputs: list[int]) -> None:
+        defined = set(inputs) | set(self.const)
+        for i, n in enumerate(self.g.nodes):
+            where = f"xnodes[{i}] ({n.kind})"
+            for vid in n.inputs():
+                if vid not in self.values:
+                    raise _fail(f"{where}: input value {vid} is not defined")
+                if vid not in defined:
+                    raise _fail(f"{where}: reads value {vid} before any node produces it")
+            for vid in n.outputs():
+                if vid not in self.values:
+                    raise _fail(f"{where}: output value {vid} is not defined")
+                if vid in defined:
+                    raise _fail(f"{where}: value {vid} is produced twice or is an input/constant")
+                if self.values[vid].datatype != FP32 and n.kind in HOST_KINDS:
+                    raise _fail(f"{where}: non-float32 values are not supported here")
+                defined.add(vid)
+        for vid, v in self.values.items():
+            if v.flags == native.FLAG_EXTERNAL_OUTPUT and vid not in defined:
+                raise _fail(f"external output value {vid} is produced by no node")
+
+    # -- planning ---------------------------------------------------------------------------------------------
+    def native_ok(self, n: XNode) -> bool:
+        why = native_kind_ok(n, lambda vid: vid in self.const, self.lib)
+        if why is None:
+            why = check_static_ids(n, lambda vid: vid in self.const)
+            if why is not None:
+                raise _fail(why)
+            return True
+        if n.kind not in HOST_KINDS:
+            raise _fail(f"{n.kind} is not supported: {why}")
+        return False
+
+    def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
+        groups: list[tuple[bool, list[XNode]]] = []
+        for n in self.g.nodes:
+            nat = self.native_ok(n)
+            if nat and groups and groups[-1][0]:
+                groups[-1][1].append(n)
+            else:
+                groups.append((nat, [n]))
+        producer: dict[int, int] = {}
+        for gi, (_, nodes) in enumerate(groups):
+            for n in nodes:
+                for o in n.outputs():
+                    producer[o] = gi
+        crossing: set[int] = set(outputs)
+        for gi, (nat, nodes) in enumerate(groups):
+            for n in nodes:
+                for vid in n.inputs():
+                    if vid in producer and producer[vid] != gi:
+                        crossing.add(vid)
+                    if not nat and vid in self.const:
+                        crossing.add(vid)
+        buffers: dict[int, np.ndarray] = {}
+        for vid in crossing - set(outputs):
+            dt = np.dtype(_NP[self.values[vid].datatype])
+            buffers[vid] = (np.array(self.const[vid]) if vid in self.const else np.empty(self.dims[vid], dt))
+        steps: list[_Native | _Host] = []
+        external = set(inputs) | crossing
+        for gi, (nat, nodes) in enumerate(groups):
+            if nat:
+                steps.append(self._segment(gi, nodes, external, pool))
+            else:
+                n = nodes[0]
+                try:
+                    fn = make_host_fn(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]])
+                except ValueError as exc:
+                    raise _fail(f"{n.kind}: {exc}") from exc
+                steps.append(_Host(fn, n.inputs(), n.outputs()[0], n.kind))
+        return steps, buffers
+
+    def _segment(self, gi: int, nodes: list[XNode], external: set[int], pool: native.ThreadPool | None) -> _Native:
+        used: list[int] = []
+        seen: set[int] = set()
+        for n in nodes:
+            for vid in (*n.inputs(), *n.outputs()):
+                if vid not in seen:
+                    seen.add(vid)
+                    used.append(vid)
+        produced = {o for n in nodes for o in n.outputs()}
+        weights = {w for n in nodes for w in _weights(n)}
+        ext = [vid for vid in used if vid in external and vid not in self.const]
+        sg = native.Subgraph(len(ext))
+        try:
+            ids: dict[int, int] = {INVALID_ID: INVALID_ID}
+            bind = []
+            for vid in used:
+                v, dims = self.values[vid], self.dims[vid]
+                data = None
+                if vid in self.const:
+                    data = np.ascontiguousarray(self.const[vid])
+                    if vid not in weights or any(vid in _other_inputs(n) for n in nodes):
+                        data = _padded_copy(data)  # XNNPACK keeps a pointer to non-packed static data
+                if vid in ext:
+                    k = ext.index(vid)
+                    flags = native.FLAG_EXTERNAL_OUTPUT if vid in produced else native.FLAG_EXTERNAL_INPUT
+                    ids[vid] = self._define(sg, v, dims, None, k, flags)
+                    bind.append((k, vid))
+                else:
+                    ids[vid] = self._define(sg, v, dims, data, INVALID_ID, 0)
+
+            def new_internal(dims: tuple[int, ...]) -> int:
+                return sg.define_tensor(FP32, dims)
+
+            for n in nodes:
+                define_node(sg, n, ids, self.dims, new_internal)
+            runtime = native.Runtime(sg, pool)
+        except (native.XnnpackError, ValueError) as exc:
+            raise _fail(f"step {gi} ({', '.join(sorted({n.kind for n in nodes}))}): {exc}") from exc
+        finally:
+            sg.close()
+        return _Native(runtime, bind, f"xnnpack[{len(nodes)} nodes]")
+
+    @staticmethod
+    def _define(sg: native.Subgraph, v: TensorValue, dims: tuple[int, ...], data: np.ndarray | None, ext: int,
+                flags: int) -> int:
+        q = v.quant
+        if q is None:
+            return sg.define_tensor(v.datatype, dims, data, ext, flags)
+        if hasattr(q, "zero_point"):
+            return sg.define_quantized_tensor(v.datatype, q.zero_point, q.scale, dims, data, ext, flags)
+        return sg.define_channelwise_quantized_tensor(v.datatype, np.asarray(q.scale), dims, q.channel_dim, data,
+                                                      ext, flags)
+
+
+def _weights(n: XNode) -> tuple[int, ...]:
+    if n.kind in _WEIGHT_KINDS:
+        return (n.get("filter_id"), n.get("bias_id"))
+    return ()
+
+
+def _other_inputs(n: XNode) -> list[int]:
+    w = _weights(n)
+    return [i for i in n.inputs() if i not in w]
+
+
+def _padded_copy(a: np.ndarray) -> np.ndarray:
+    raw = np.zeros(a.nbytes + native.EXTRA_BYTES, np.uint8)
+    raw[: a.nbytes] = a.reshape(-1).view(np.uint8)
+    return raw[: a.nbytes].view(a.dtype).reshape(a.shape)
+
+
+def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: NamedData | None = None,
+         num_threads: int | None = None) -> XnnpackHandle:
+    """Parse, check and build a blob (the body of :meth:`XnnpackExecutor.init`)."""
+    try:
+        options = XnnpackCompileOptions.from_compile_specs(list(compile_specs))
+    except ValueError as exc:
+        raise ProgramError(f"{BACKEND_ID}: {exc}") from exc
+    try:
+        lib = native.library()
+    except native.XnnpackError as exc:
+        raise RuntimeExecutionError(f"{BACKEND_ID}: {exc}") from exc
+    try:
+        graph, constants = read_blob(processed)
+    except (BlobError, TypeError) as exc:
+        raise _fail(str(exc)) from exc
+    planner = _Planner(graph, constants, named_data, lib)
+    inputs, outputs = planner.check_values()
+    planner.check_nodes(inputs)
+    threads = num_threads or options.num_threads
+    pool = native.ThreadPool(threads) if threads != 1 else None
+    try:
+        steps, buffers = planner.plan(inputs, outputs, pool)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+    summary = {"native_steps": sum(isinstance(s, _Native) for s in steps),
+               "host_steps": sum(isinstance(s, _Host) for s in steps), "nodes": len(graph.nodes)}
+    return XnnpackHandle([(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs],
+                         steps, buffers, pool, summary)
+
+
+class XnnpackExecutor(RuntimeExecutor):
+    """Runtime executor of ``XnnpackBackend`` (see the module docstring)."""
+
+    thread_safe = False
+
+    def __init__(self, num_threads: int | None = None) -> None:
+        self.num_threads = num_threads
+        self._lock = threading.Lock()
+
+    def is_available(self) -> tuple[bool, str]:
+        return native.is_available()
+
+    def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec] = (), *,
+             named_data: NamedData | None = None) -> XnnpackHandle:
+        return load(processed, compile_specs, named_data, self.num_threads)
+
+    def execute(self, handle: XnnpackHandle, inputs: Sequence[Any]) -> list[np.ndarray]:
+        if not isinstance(handle, XnnpackHandle) or not handle.alive:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
+        if len(inputs) != len(handle.inputs):
+            raise RuntimeExecutionError(f"{BACKEND_ID}: expected {len(handle.inputs)} inputs, got {len(inputs)}")
+        env = dict(handle.buffers)
+        for k, ((vid, dims), x) in enumerate(zip(handle.inputs, inputs, strict=True)):
+            a = np.asarray(x)
+            if a.dtype != np.float32 or a.shape != dims:
+                raise RuntimeExecutionError(
+                    f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, got {a.dtype} {list(a.shape)}")
+            env[vid] = np.ascontiguousarray(a)
+        results = [np.empty(dims, np.float32) for _, dims in handle.outputs]
+        for (vid, _), out in zip(handle.outputs, results, strict=True):
+            env[vid] = out
+        with self._lock:
+            for step in handle.steps:
+                try:
+                    if isinstance(step, _Native):
+                        step.runtime.run({k: env[vid] for k, vid in step.bind})
+                    else:
+                        step.fn([env[i] for i in step.inputs], env[step.output])
+                except (native.XnnpackError, ValueError) as exc:
+                    raise RuntimeExecutionError(f"{BACKEND_ID}: {step.label} failed: {exc}") from exc
+        return results
+
+    def destroy(self, handle: XnnpackHandle) -> None:
+        if not isinstance(handle, XnnpackHandle) or not handle.alive:
+            return
+        handle.alive = False
+        for step in handle.steps:
+            if isinstance(step, _Native):
+                step.runtime.close()
+        handle.steps, handle.buffers = [], {}
+        if handle.pool is not None:
+            handle.pool.close()
+            handle.pool = None
