@@ -134,3 +134,41 @@ def test_ops_of_reference_graphs_have_kernels(zoo):
             ops.update(f"{o.name}.{o.overload}" for o in plan.operators)
     missing = sorted(op for op in ops if kernel_registry().get(op) is None)
     assert not missing
+
+
+@pytest.mark.parametrize("initialized", [False, True])
+@pytest.mark.filterwarnings("ignore:Mutation on a buffer")
+def test_mutable_buffer_state_carries_like_executorch(initialized):
+    """A buffer mutated in forward (written back with aten::copy_): state carries across runs exactly as in
+    ExecuTorch's own runtime (also with an initial value from the mutable-data segment), and concurrent runs
+    take turns."""
+    import threading
+
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+    from executorch.runtime import Runtime as ETRuntime
+
+    class Acc(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("acc", torch.arange(3.0) + 1)
+
+        def forward(self, x):
+            self.acc.add_(x)
+            return self.acc * 2
+
+    x = torch.tensor([1.0, 2.0, 3.0])
+    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["acc"])] if initialized else [])
+    pte = to_edge(torch.export.export(Acc(), (x,))).to_executorch(config).buffer
+    et = ETRuntime.get().load_program(pte).load_method("forward")
+    ours = Runtime.get().load_program(pte).load_method()
+    for _ in range(3):
+        np.testing.assert_array_equal(ours.execute([x.numpy()])[0], et.execute([x])[0].numpy())
+    threads = [threading.Thread(target=lambda: [ours.execute([x.numpy()]) for _ in range(5)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # 3 + 8*5 runs so far, each adding x: the next output is 2 * (initial + 44 * x)
+    initial = (torch.arange(3.0) + 1).numpy() if initialized else 0
+    np.testing.assert_array_equal(ours.execute([x.numpy()])[0], 2 * (initial + 44 * x.numpy()))

@@ -17,8 +17,10 @@ actual shape is smaller than planned (dynamic shapes) is a view of the same memo
 upper-bound view stays in an extra "capacity" slot that kernels receive as their out argument.
 
 Thread safety: a context (arenas + value slots) is used by one run at a time; :class:`MethodRunner` keeps a pool
-of them, so concurrent ``execute`` calls each run in their own planned memory. Delegate handles are shared and
-called under a per-delegate lock unless the executor declares ``thread_safe = True``.
+of them, so concurrent ``execute`` calls each run in their own planned memory. A method with state (a planned
+buffer read before it is written, e.g. mutated buffers written back with ``aten::copy_``) has a single context
+and its runs take turns under a lock, so the state carries from run to run as in ExecuTorch. Delegate handles
+are shared and called under a per-delegate lock unless the executor declares ``thread_safe = True``.
 """
 
 from __future__ import annotations
@@ -386,6 +388,8 @@ class MethodPlan:
         # delegate outputs are written at run time when they are dynamic or unplanned; classify later
         self.rw = rw
         self.read = self._read_values(chains_info)
+        self.state_tensors = self._state_tensors(chains_info)
+        self.stateful = bool(self.state_tensors)
 
         # -- value templates ----------------------------------------------------------------------------
         tpl: list[Any] = [None] * nv
@@ -486,7 +490,7 @@ class MethodPlan:
                 if type(instr.instr_args) is S.DelegateCall:
                     for idx in instr.instr_args.args:
                         write_count[idx] = write_count.get(idx, 0) + 2  # never fold into delegate args
-        protected = set(self.input_indices) | set(self.output_indices)
+        protected = set(self.input_indices) | set(self.output_indices) | self.state_tensors
         for o in self.output_indices:
             protected.update(self._tensor_items(o))
         aliases = [sp for i, sp in specs.items()
@@ -618,6 +622,28 @@ class MethodPlan:
         view = _logical_view(raw[start:start + sa.nbytes], sa)
         view.flags.writeable = False
         return view
+
+    def _state_tensors(self, chains_info: list) -> set[int]:
+        """Planned tensors read before an instruction writes them (mutable buffers whose value carries from one
+        run to the next, e.g. written back with ``aten::copy_``)."""
+        kernel_infos = [info for infos in chains_info for info in infos if info is not None and info[0] == "kernel"]
+        all_written: set[int] = set()
+        for _, _, _, params, _, outs, _, _ in kernel_infos:
+            for pos in outs:
+                all_written.update(self._tensor_items(params[pos]))
+        inputs = set(self.input_indices)
+        written: set[int] = set()
+        state: set[int] = set()
+        for _, _, _, params, _, outs, _, _ in kernel_infos:
+            for pos, idx in enumerate(params):
+                if pos in outs:
+                    continue
+                for t in self._tensor_items(idx):
+                    if t in all_written and t not in written and t not in inputs and self.specs[t].mem_id:
+                        state.add(t)
+            for pos in outs:
+                written.update(self._tensor_items(params[pos]))
+        return state
 
     def _read_values(self, chains_info: list) -> set[int]:
         """Values some instruction reads (or the method returns); an out argument outside it is never used."""
@@ -1175,7 +1201,8 @@ class MethodRunner:
         self.plan = plan
         self._pool: list[_Context] = []
         self._lock = threading.Lock()
-        self._max_idle = max_idle_contexts
+        self._max_idle = 1 if plan.stateful else max_idle_contexts
+        self._state_lock = threading.Lock()
         try:  # allocate the first context now, so that unsatisfiable memory fails at load, not mid-run
             self._pool.append(plan.new_context())
         except RuntimeExecutionError as exc:
@@ -1195,6 +1222,13 @@ class MethodRunner:
                 self._pool.append(ctx)
 
     def run(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.plan.stateful:
+            # one set of planned memory holds the method's state: runs take turns
+            with self._state_lock:
+                return self._run(inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: Sequence[Any]) -> list[Any]:
         plan = self.plan
         if len(inputs) != len(plan.binders):
             raise RuntimeExecutionError(

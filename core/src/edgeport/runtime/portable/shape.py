@@ -65,6 +65,25 @@ def copy_out(self, src, non_blocking, out):
     return _copy_into(out, np.broadcast_to(src, self.shape))
 
 
+@kernel("aten::copy_", "aten::copy_.default")
+def copy_inplace(self, src, non_blocking):
+    """In-place ``self.copy_(src)`` (ExecuTorch emits it to write mutated buffers back)."""
+    np.copyto(self, np.broadcast_to(src, self.shape), casting="unsafe")
+    return self
+
+
+@kernel("aten::index_put_", "aten::index_put_.default")
+def index_put_inplace(self, indices, values, accumulate):
+    from edgeport.runtime.portable.extra import _index_key
+
+    key = _index_key(self, indices, "index_put_")
+    if accumulate:
+        np.add.at(self, key, values)
+    else:
+        self[key] = values
+    return self
+
+
 @kernel("aten::permute_copy.out")
 def permute_copy_out(self, dims, out):
     return _copy_into(out, np.transpose(self, [normalize_dim(d, self.ndim) for d in dims]) if self.ndim else self)
