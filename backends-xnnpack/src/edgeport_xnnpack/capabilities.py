@@ -1,1 +1,284 @@
+"""XnnpackBackend's capability table: what the partitioner takes, what preprocess lowers, what the docs list.
+
+Torch-free: constraints read only ``node.args``/``node.kwargs`` and ``meta["val"]`` shapes. Every op listed is
+supported by ExecuTorch's XNNPACK delegate runtime (so edgeport-lowered programs run there). On edgeport's
+runtime most run natively in this libXNNPACK; the ones marked *host* in ``notes`` (XNNPACK 2022 has no such
+node) run as numpy steps inside the delegate. Static shapes only; at most 6 dimensions; float32.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from edgeport.backend import CapabilityTable, OpCapability
+
 BACKEND_ID = "XnnpackBackend"
+MAX_DIMS = 6
+_F32 = ("float32",)
+
+
+def shape(value: Any) -> tuple[int, ...] | None:
+    """Static shape of a node's (first) tensor value, ``None`` if unknown or symbolic."""
+    val = getattr(value, "meta", {}).get("val")
+    if isinstance(val, (tuple, list)):
+        val = val[0] if val else None
+    dims = getattr(val, "shape", None)
+    if dims is None:
+        return None
+    if any(type(d) is not int for d in dims):
+        return None
+    return tuple(dims)
+
+
+def arg(node: Any, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _is_node(x: Any) -> bool:
+    return hasattr(x, "meta") and hasattr(x, "op")
+
+
+def _common(node: Any) -> str | None:
+    """Static shapes of at most MAX_DIMS dimensions for the node and its tensor inputs."""
+    for v in (node, *[a for a in node.all_input_nodes if _is_node(a)]):
+        val = v.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        for t in vals:
+            if not hasattr(t, "shape"):
+                continue
+            if any(type(d) is not int for d in t.shape):
+                return f"dynamic shape {list(t.shape)} of {v.name!r} (XNNPACK subgraphs here are static)"
+            if len(t.shape) > MAX_DIMS:
+                return f"rank {len(t.shape)} of {v.name!r} exceeds XNNPACK's {MAX_DIMS} dimensions"
+    return None
+
+
+def _all(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def check(node: Any) -> str | None:
+        for c in (_common, *checks):
+            why = c(node)
+            if why:
+                return why
+        return None
+    return check
+
+
+def _rank_is(*ranks: int, index: int = 0) -> Callable[[Any], str | None]:
+    def check(node: Any) -> str | None:
+        s = shape(node.args[index])
+        if s is None or len(s) not in ranks:
+            return f"input rank {None if s is None else len(s)} not in {ranks}"
+        return None
+    return check
+
+
+def _conv(node: Any) -> str | None:
+    x, w = shape(node.args[0]), shape(node.args[1])
+    if x is None or len(x) != 4 or w is None:
+        return "only 2-D convolutions (4-D input) are supported"
+    if arg(node, 6, "transposed", False):
+        return "transposed convolution is not supported"
+    groups = arg(node, 8, "groups", 1)
+    if x[1] % groups or w[0] % groups:
+        return f"groups={groups} does not divide the channels"
+    if any(p < 0 for p in arg(node, 4, "padding", [0, 0])):
+        return "negative padding"
+    return None
+
+
+def _batch_norm(node: Any) -> str | None:
+    s = shape(node.args[0])
+    if s is None or len(s) != 4:
+        return "batch norm is lowered for 4-D (NCHW) inputs only"
+    if node.args[1] is None or node.args[2] is None:
+        return "batch norm without affine weight/bias"
+    for user in node.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            return "batch norm statistics outputs are used"
+    return None
+
+
+def _getitem0_only(node: Any) -> str | None:
+    val = node.args[0].meta.get("val")
+    if getattr(val, "dtype", None) is None or str(val.dtype) != "torch.float32":
+        return "input must be float32"
+    for user in node.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            return "the indices output is used"
+    return None
+
+
+def _pool(node: Any) -> str | None:
+    s = shape(node.args[0])
+    if s is None or len(s) != 4:
+        return "only 4-D (NCHW) pooling"
+    if arg(node, 5 if "max" in str(node.target) else 4, "ceil_mode", False):
+        return "ceil_mode=True"
+    return None
+
+
+def _avg_pool(node: Any) -> str | None:
+    why = _pool(node)
+    if why:
+        return why
+    if arg(node, 6, "divisor_override") is not None:
+        return "divisor_override"
+    padding = arg(node, 3, "padding", [0, 0])
+    if any(padding) and arg(node, 5, "count_include_pad", True):
+        return "padding with count_include_pad=True (XNNPACK averages over valid pixels only)"
+    return None
+
+
+def _mean(node: Any) -> str | None:
+    s = shape(node.args[0])
+    dims = arg(node, 1, "dim")
+    if s is None or len(s) != 4 or dims is None or sorted(d % 4 for d in dims) != [2, 3]:
+        return "only the mean over H and W of a 4-D tensor (global average pooling)"
+    return None
+
+
+def _adaptive(node: Any) -> str | None:
+    s = shape(node.args[0])
+    out = list(node.args[1])
+    if s is None or len(s) != 4:
+        return "4-D input needed"
+    if s[2] % out[0] or s[3] % out[1]:
+        return f"output size {out} does not divide the input {list(s[2:])}"
+    return None
+
+
+def _softmax(node: Any) -> str | None:
+    s = shape(node.args[0])
+    if s is None or node.args[1] % len(s) != len(s) - 1:
+        return "softmax over the last dimension only"
+    if arg(node, 2, "half_to_float", False):
+        return "half_to_float"
+    return None
+
+
+def _alpha_one(node: Any) -> str | None:
+    alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+    return None if alpha == 1 else f"alpha={alpha}"
+
+
+def _no_rounding(node: Any) -> str | None:
+    mode = node.kwargs.get("rounding_mode")
+    return None if mode is None else f"rounding_mode={mode!r}"
+
+
+def _linear(node: Any) -> str | None:
+    w = shape(node.args[1])
+    if w is None or len(w) != 2:
+        return "linear needs a 2-D weight"
+    return None
+
+
+def _addmm(node: Any) -> str | None:
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return "beta/alpha other than 1"
+    return None
+
+
+def _bmm(node: Any) -> str | None:
+    a, b = shape(node.args[0]), shape(node.args[1])
+    return None if a and b and len(a) == 3 and len(b) == 3 else "bmm needs 3-D operands"
+
+
+def _expand(node: Any) -> str | None:
+    if shape(node.args[0]) != shape(node):
+        return "expand that broadcasts (only the no-op expand is supported)"
+    return None
+
+
+def _slice(node: Any) -> str | None:
+    if arg(node, 4, "step", 1) != 1:
+        return "slice step other than 1"
+    return None
+
+
+def _cat(node: Any) -> str | None:
+    tensors = node.args[0]
+    if not 1 <= len(tensors) <= 32:
+        return f"{len(tensors)} inputs"
+    return None
+
+
+def _pad(node: Any) -> str | None:
+    pads = node.args[1]
+    s = shape(node.args[0])
+    if any(p < 0 for p in pads):
+        return "negative (cropping) padding"
+    if s is None or len(pads) > 2 * len(s):
+        return "more padding entries than dimensions"
+    return None
+
+
+def _elu(node: Any) -> str | None:
+    if arg(node, 2, "scale", 1) != 1 or arg(node, 3, "input_scale", 1) != 1:
+        return "scale/input_scale other than 1"
+    return None
+
+
+def _square(node: Any) -> str | None:
+    return None if node.args[1] == 2 else f"exponent {node.args[1]} (only 2, as square)"
+
+
+def _cap(op: str, *checks: Callable[[Any], str | None], notes: str = "") -> OpCapability:
+    return OpCapability(op, _F32, constraint=_all(*checks), notes=notes)
+
+
+def _unary(ops: Sequence[tuple[str, str]]) -> list[OpCapability]:
+    return [_cap(op, notes=note) for op, note in ops]
+
+
+_HOST = "host step on edgeport's runtime (libXNNPACK 2022 has no node for it); native on ExecuTorch's"
+
+CAPABILITIES = CapabilityTable((
+    _cap("aten.convolution.default", _conv, notes="2-D; groups (depthwise when groups == in channels); "
+         "fused with a following batch norm and relu/relu6/hardtanh/clamp"),
+    _cap("aten._native_batch_norm_legit_no_training.default", _batch_norm,
+         notes="folded into the preceding convolution, else a per-channel multiply-add"),
+    _cap("aten.linear.default", _linear, notes="kept whole via ops_to_not_decompose; N-D input"),
+    _cap("aten.addmm.default", _addmm, notes="as fully connected; constant weight packed, else " + _HOST),
+    _cap("aten.mm.default", notes="as fully connected; a non-constant right operand runs as a " + _HOST),
+    _cap("aten.bmm.default", _bmm, notes=_HOST),
+    _cap("aten.add.Tensor", _alpha_one, notes="numpy broadcasting"),
+    _cap("aten.sub.Tensor", _alpha_one, notes="numpy broadcasting"),
+    _cap("aten.mul.Tensor", notes="numpy broadcasting"),
+    _cap("aten.div.Tensor", _no_rounding, notes="numpy broadcasting"),
+    _cap("aten.add.Scalar", _alpha_one), _cap("aten.sub.Scalar", _alpha_one),
+    _cap("aten.mul.Scalar"), _cap("aten.div.Scalar"),
+    _cap("aten.relu.default", notes="clamp; fused into the producer when possible"),
+    _cap("aten.hardtanh.default", notes="clamp (relu6)"),
+    _cap("aten.clamp.default", notes="scalar bounds"),
+    _cap("aten.sigmoid.default"), _cap("aten.hardswish.default"),
+    _cap("aten.leaky_relu.default"), _cap("aten.elu.default", _elu),
+    *_unary([("aten.abs.default", ""), ("aten.neg.default", ""), ("aten.floor.default", ""),
+             ("aten.ceil.default", ""), ("aten.sqrt.default", "")]),
+    _cap("aten.pow.Tensor_Scalar", _square, notes="exponent 2 only (square)"),
+    OpCapability("aten.max_pool2d_with_indices.default", ("float32", "int64"),
+                 constraint=_all(_pool, _getitem0_only), notes="float32 input; indices unused; no ceil_mode"),
+    _cap("aten.max_pool2d.default", _pool, notes="no ceil_mode"),
+    _cap("aten.avg_pool2d.default", _avg_pool, notes="no ceil_mode / divisor_override"),
+    _cap("aten.mean.dim", _mean, notes="over H and W of a 4-D tensor: global average pooling"),
+    _cap("aten._adaptive_avg_pool2d.default", _adaptive, notes="output size dividing the input"),
+    _cap("aten._softmax.default", _softmax, notes="last dimension"),
+    _cap("aten.view_copy.default", notes="static reshape"),
+    _cap("aten._unsafe_view.default"), _cap("aten.squeeze_copy.dims"), _cap("aten.squeeze_copy.dim"),
+    _cap("aten.unsqueeze_copy.default"), _cap("aten.clone.default", notes="identity reshape"),
+    _cap("aten.expand_copy.default", _expand, notes="no-op expands only"),
+    _cap("aten.permute_copy.default", notes="static transpose; " + _HOST),
+    _cap("aten.cat.default", _cat, notes="concatenate (chained for more than 5 inputs); " + _HOST),
+    _cap("aten.slice_copy.Tensor", _slice, notes="step 1; " + _HOST),
+    _cap("aten.select_copy.int", notes="slice + reshape; " + _HOST),
+    _cap("aten.constant_pad_nd.default", _pad, notes="static constant pad"),
+))
+
+
+def capabilities() -> CapabilityTable:
+    """The table (the factory ``BackendSpec.capabilities`` expects)."""
+    return CAPABILITIES

@@ -1,0 +1,58 @@
+"""edgeport plugin module of XnnpackBackend: hook implementations only.
+
+Registration imports neither torch nor libXNNPACK: the partitioner and ``preprocess`` (torch) load when first
+used, the native library when an executor checks availability or initializes a delegate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import edgeport
+from edgeport.backend import BackendSpec, PreprocessResult
+
+from edgeport_xnnpack._version import __version__
+from edgeport_xnnpack.capabilities import BACKEND_ID, capabilities
+from edgeport_xnnpack.options import XnnpackCompileOptions
+
+
+def _preprocess(edge_program: Any, compile_specs: Any) -> PreprocessResult:
+    from edgeport_xnnpack.preprocess import preprocess
+
+    return preprocess(edge_program, compile_specs)
+
+
+def _partitioner(*args: Any, **kwargs: Any) -> Any:
+    from edgeport_xnnpack.partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner(*args, **kwargs)
+
+
+def _executor() -> Any:
+    from edgeport_xnnpack.runtime import XnnpackExecutor
+
+    return XnnpackExecutor()
+
+
+def _is_available() -> tuple[bool, str]:
+    from edgeport_xnnpack.native import is_available
+
+    return is_available()
+
+
+@edgeport.hookimpl
+def edgeport_register_backends(registry: Any) -> None:
+    registry.add(
+        BackendSpec(
+            backend_id=BACKEND_ID,
+            version=__version__,
+            preprocess=_preprocess,
+            partitioner=_partitioner,
+            executor=_executor,
+            capabilities=capabilities,
+            compile_options=XnnpackCompileOptions,
+            is_available=_is_available,
+            description="CPU: the XNNPACK library (libXNNPACK) through its C subgraph API; "
+            "blobs in ExecuTorch's XNNPACK delegate format",
+        )
+    )

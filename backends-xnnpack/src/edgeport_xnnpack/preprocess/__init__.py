@@ -1,0 +1,145 @@
+"""XnnpackBackend's ``preprocess``: one edge sub-program -> an ExecuTorch-format XNNPACK blob.
+
+Each supported op has a lowering function in :mod:`edgeport_xnnpack.preprocess.ops` registered in
+:data:`LOWERINGS` by its capability-table name. Before lowering, a convolution whose only user is a batch norm
+with constant statistics is marked for folding: the batch norm's lowering emits the convolution with the
+folded weights. Nodes whose tensor inputs are all constants are evaluated here (constant folding, e.g. the
+``permute_copy`` of a Linear weight). Getitems of multi-output ops (batch norm, max pool with indices) alias
+output 0.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from edgeport.aot.capability_partitioner import op_name
+from edgeport.backend import CompileSpec, PreprocessResult
+from edgeport.errors import LoweringError
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
+from edgeport_xnnpack.preprocess.registry import LOWERINGS
+from edgeport_xnnpack.schema.writer import serialize
+
+__all__ = ["LOWERINGS", "preprocess"]
+
+_BN = "aten._native_batch_norm_legit_no_training.default"
+
+
+def _constants(ep: ExportedProgram) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            target = spec.target
+            t = ep.state_dict.get(target, ep.constants.get(target))
+            if not isinstance(t, torch.Tensor):
+                raise LoweringError(f"constant {spec.arg.name!r} ({target}) has no tensor data")
+            if isinstance(t, torch._subclasses.fake_tensor.FakeTensor) or t.device.type == "meta":
+                raise LoweringError(f"constant {spec.arg.name!r} has no data (fake or meta tensor)")
+            out[spec.arg.name] = t
+    return out
+
+
+def _fold_plan(graph: torch.fx.Graph, b: GraphBuilder) -> dict[torch.fx.Node, torch.fx.Node]:
+    """conv node -> the batch norm it folds into."""
+    plan = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or op_name(node.target) != _BN:
+            continue
+        conv = node.args[0]
+        if (isinstance(conv, torch.fx.Node) and conv.op == "call_function"
+                and op_name(conv.target) == "aten.convolution.default" and len(conv.users) == 1
+                and conv not in b.outputs and all(b.is_constant(a) for a in node.args[1:5])):
+            plan[conv] = node
+    return plan
+
+
+def _fold_constant(b: GraphBuilder, node: torch.fx.Node) -> bool:
+    inputs = node.all_input_nodes
+    if not inputs or not all(b.is_constant(a) for a in inputs):
+        return False
+
+    def sub(a: Any) -> Any:
+        return b.constants[a] if isinstance(a, torch.fx.Node) else a
+
+    args = torch.fx.node.map_aggregate(node.args, sub)
+    kwargs = torch.fx.node.map_aggregate(node.kwargs, sub)
+    with torch.no_grad():
+        result = node.target(*args, **kwargs)
+    if not isinstance(result, torch.Tensor):
+        return False
+    b.constants[node] = result
+    return True
+
+
+def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
+    """Lower ``ep``'s graph; returns the builder and the finished :class:`Graph`."""
+    b = GraphBuilder()
+    consts = _constants(ep)
+    user_inputs = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    inputs: list[Val] = []
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    out_args = list(torch.fx.node.map_aggregate(out_node.args[0], lambda a: a))
+    flat_out = [a for a in torch.utils._pytree.tree_leaves(out_args) if isinstance(a, torch.fx.Node)]
+    b.outputs = set(flat_out)
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in consts:
+                b.constants[node] = consts[node.name]
+            elif node.name in user_inputs:
+                val = node.meta.get("val")
+                if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
+                    raise LoweringError(f"input {node.name!r} must be a float32 tensor")
+                if any(type(d) is not int for d in val.shape):
+                    raise LoweringError(f"input {node.name!r} has a dynamic shape {list(val.shape)}")
+                inputs.append(b.set(node, b.new_val(tuple(val.shape), NCHW)))
+            else:
+                raise LoweringError(f"placeholder {node.name!r} is neither a user input nor a constant")
+        elif node.op == "get_attr":
+            b.constants[node] = getattr(ep.graph_module, node.target)
+    b.fold = _fold_plan(ep.graph, b)
+    deferred = set(b.fold)
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node in deferred:
+            continue
+        if node.target is operator.getitem:
+            src, index = node.args
+            if index != 0 or src not in b.env:
+                raise LoweringError(f"{node.name}: only output 0 of {getattr(src, 'name', src)} is supported")
+            b.set(node, b.env[src])
+            continue
+        if _fold_constant(b, node):
+            continue
+        name = op_name(node.target)
+        lowering = LOWERINGS.get(name)
+        if lowering is None:
+            raise LoweringError(f"{node.name}: {name} is not supported by XnnpackBackend")
+        try:
+            lowering(b, node)
+        except LoweringError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise LoweringError(f"{node.name} ({name}): {type(exc).__name__}: {exc}") from exc
+    outputs = []
+    for o in flat_out:
+        if o not in b.env:
+            raise LoweringError(f"output {o.name!r} is a constant or an input; nothing to compute")
+        outputs.append(b.env[o])
+    return b, b.finish(inputs, outputs)
+
+
+def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
+    """Lower a partition to the ExecuTorch XNNPACK blob format (self-contained: constants in the blob)."""
+    try:
+        XnnpackCompileOptions.from_compile_specs(list(compile_specs))
+    except ValueError as exc:
+        raise LoweringError(str(exc)) from exc
+    from edgeport_xnnpack.preprocess import ops  # noqa: F401  (registers the lowerings)
+
+    b, graph = lower_graph(edge_program)
+    return PreprocessResult(processed_bytes=serialize(graph, b.data), debug_handle_map={})

@@ -1,0 +1,19 @@
+"""One module per op family; importing this package fills :data:`~edgeport_xnnpack.preprocess.LOWERINGS`."""
+
+from edgeport_xnnpack.preprocess.ops import (  # noqa: F401
+    batch_norm,
+    binary,
+    cat,
+    clamp,
+    conv,
+    linear,
+    matmul,
+    mean,
+    pad,
+    permute,
+    pool,
+    reshape,
+    slice,
+    softmax,
+    unary,
+)
