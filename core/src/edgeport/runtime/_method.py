@@ -233,10 +233,7 @@ class MethodPlan:
         values = plan.values
         nv = len(values)
         self.num_values = nv
-        arenas = list(plan.non_const_buffer_sizes)
-        if arenas and arenas[0] != 0:
-            # ExecuTorch reserves entry 0; a non-zero size there is harmless but never allocated
-            pass
+        arenas = list(plan.non_const_buffer_sizes)  # entry 0 is reserved (never allocated)
         self.arena_sizes = arenas
         kinds = [type(v.val) for v in values]
         self.kinds = kinds
