@@ -24,6 +24,7 @@ from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack import native
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
 from edgeport_xnnpack._host import HOST_KINDS, make_host_fn
+from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.schema.graph import FP32, INVALID_ID, UINT64_MAX, Graph, TensorValue, XNode
@@ -66,8 +67,11 @@ class XnnpackHandle:
     alive: bool = True
 
 
+_MAX_ELEMENTS = 1 << 31
+
+
 def _value_dims(v: TensorValue, where: str) -> tuple[int, ...]:
-    if len(v.dims) > native.MAX_TENSOR_DIMS or any(d > 0x7FFFFFFF for d in v.dims):
+    if len(v.dims) > native.MAX_TENSOR_DIMS or math.prod(v.dims) > _MAX_ELEMENTS:
         raise _fail(f"{where}: dims {v.dims} exceed XNNPACK's limits")
     return tuple(int(d) for d in v.dims)
 
@@ -169,9 +173,9 @@ class _Planner:
     def native_ok(self, n: XNode) -> bool:
         why = native_kind_ok(n, lambda vid: vid in self.const, self.lib)
         if why is None:
-            why = check_static_ids(n, lambda vid: vid in self.const)
+            why = check_static_ids(n, lambda vid: vid in self.const) or check_native(n, self.dims.__getitem__)
             if why is not None:
-                raise _fail(why)
+                raise _fail(f"{n.kind}: {why}")
             return True
         if n.kind not in HOST_KINDS:
             raise _fail(f"{n.kind} is not supported: {why}")
