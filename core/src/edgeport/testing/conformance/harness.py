@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 import operator
+import re
 import struct
 import traceback
 import zlib
@@ -202,9 +202,15 @@ def model_case(name: str) -> Case:
     return Case(f"model-{name}", "model", model=name)
 
 
+def _glob(pattern: str) -> re.Pattern[str]:
+    """``*`` matches any text, ``?`` one character; everything else (brackets included) is literal."""
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z")
+
+
 def matches_any(test_id: str, param_id: str, patterns: Iterable[str]) -> list[str]:
-    """The patterns (fnmatch) that match ``test_name[param_id]`` or ``param_id`` alone."""
-    return [p for p in patterns if fnmatch.fnmatchcase(test_id, p) or fnmatch.fnmatchcase(param_id, p)]
+    """The patterns that match ``test_name[param_id]`` or ``param_id`` alone (``*`` and ``?`` are wildcards;
+    brackets are literal, so ``"test_x[aten.mm.default-*]"`` works as written)."""
+    return [p for p in patterns if _glob(p).match(test_id) or _glob(p).match(param_id)]
 
 
 # -- the partition contract --------------------------------------------------------------------------------
