@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from edgeport.testing import BackendConformance
 from edgeport_example import ExampleCompileOptions, ExamplePartitioner
 

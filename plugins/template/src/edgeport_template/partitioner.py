@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edgeport import CapabilityBasedPartitioner, CompileSpec
-
 from edgeport_template.capabilities import BACKEND_ID, CAPABILITIES
 from edgeport_template.options import TemplateCompileOptions
 

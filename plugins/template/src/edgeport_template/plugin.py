@@ -10,7 +10,6 @@ from typing import Any
 
 import edgeport
 from edgeport import BackendSpec, PreprocessResult
-
 from edgeport_template.capabilities import BACKEND_ID, capabilities
 from edgeport_template.options import TemplateCompileOptions
 from edgeport_template.quantizer import quantizers

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from edgeport import CompileSpec, LoweringError, PreprocessResult
-from edgeport.aot.capability_partitioner import dtype_name, op_name
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from edgeport import CompileSpec, LoweringError, PreprocessResult
+from edgeport.aot.capability_partitioner import dtype_name, op_name
 from edgeport_template import schema
 from edgeport_template.capabilities import BACKEND_ID
 from edgeport_template.options import TemplateCompileOptions

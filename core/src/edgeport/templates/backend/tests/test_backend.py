@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import struct
 
-import edgeport
 import numpy as np
 import pytest
 import torch
-from edgeport.runtime import Runtime
 
+import edgeport
+from edgeport.runtime import Runtime
 from edgeport_template import BACKEND_ID, TemplateExecutor, TemplatePartitioner, __version__, schema
 
 

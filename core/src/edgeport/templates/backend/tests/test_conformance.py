@@ -8,8 +8,8 @@ or a case-id pattern -> reason); when the gap is fixed the test passes, and stri
 from __future__ import annotations
 
 import pytest
-from edgeport.testing import BackendConformance
 
+from edgeport.testing import BackendConformance
 from edgeport_template import TemplateCompileOptions, TemplatePartitioner
 
 

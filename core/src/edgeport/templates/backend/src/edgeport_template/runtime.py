@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from edgeport import CompileSpec, ProgramError, RuntimeExecutor
 from edgeport.errors import RuntimeExecutionError
-
 from edgeport_template import schema
 from edgeport_template.capabilities import BACKEND_ID
 from edgeport_template.options import TARGETS, TemplateCompileOptions
