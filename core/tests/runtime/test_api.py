@@ -294,3 +294,35 @@ def test_op_timing(linear_pte):
     assert set(prof.op_calls) == {"aten::addmm.out", "aten::relu.out"}  # the permute was folded at load
     assert prof.op_calls["aten::relu.out"] == 2 and prof.op_seconds["aten::relu.out"] > 0
     assert prof.runs == 2 and prof.last_run_seconds > 0
+
+
+class _NamedScaler(_Doubler):
+    """Takes its factor from the program's named data (as ExecuTorch-style blobs keep their weights)."""
+
+    def init(self, processed, compile_specs, *, named_data=None):
+        return {"factor": float(bytes(named_data(bytes(processed).decode())).decode())}
+
+
+class _NamedPlugin:
+    @hookimpl
+    def edgeport_register_backends(self, registry):
+        registry.add(BackendSpec("TestNamedBackend", "0.1", preprocess=lambda *a: PreprocessResult(b""),
+                                 executor=_NamedScaler))
+
+
+def test_executor_receives_named_data(builder):
+    from edgeport.program.pte import serialize_pte
+
+    pb = builder.ProgramBuilder()
+    x, y = pb.tensor((4,)), pb.tensor((4,))
+    pb.delegate("TestNamedBackend", b"scale-key", [x, y])
+    pb.inputs, pb.outputs = [x], [y]
+    data = serialize_pte(pb.program(), named_data={"scale-key": b"2.5"})
+    plugin = _NamedPlugin()
+    register_plugin(plugin, name="test-named-backend")
+    try:
+        method = Runtime.get().load_program(data).load_method()
+        x_np = np.arange(4, dtype=np.float32)
+        np.testing.assert_allclose(method.execute([x_np])[0], 2.5 * x_np)
+    finally:
+        unregister_plugin(plugin)

@@ -172,3 +172,19 @@ def test_mutable_buffer_state_carries_like_executorch(initialized):
     # 3 + 8*5 runs so far, each adding x: the next output is 2 * (initial + 44 * x)
     initial = (torch.arange(3.0) + 1).numpy() if initialized else 0
     np.testing.assert_array_equal(ours.execute([x.numpy()])[0], 2 * (initial + 44 * x.numpy()))
+
+
+def test_executorch_xnnpack_delegated_program(zoo):
+    """A program ExecuTorch lowered to XNNPACK runs here on edgeport-xnnpack's executor (when installed)."""
+    pytest.importorskip("edgeport_xnnpack")
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    model, inputs = zoo.make_model("mlp")
+    pte = to_edge_transform_and_lower(torch.export.export(model, inputs),
+                                      partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+    method = Runtime.get().load_program(pte).load_method()
+    assert method.metadata.backends == ("XnnpackBackend",)
+    (got,) = method.execute([t.numpy() for t in inputs])
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(*inputs).numpy(), atol=1e-4, rtol=1e-4)

@@ -155,6 +155,16 @@ def _kernel_arity(fn: Callable[..., Any], op: str) -> int:
     return count
 
 
+def _accepts_named_data(init: Callable[..., Any]) -> bool:
+    """Whether an executor's ``init`` takes ``named_data=`` (a ``key -> memoryview`` lookup into the program's
+    named data, where ExecuTorch-style blobs keep their weights)."""
+    try:
+        params = inspect.signature(init).parameters
+    except (TypeError, ValueError):
+        return False
+    return "named_data" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
 def op_name(op: S.Operator) -> str:
     return f"{op.name}.{op.overload}" if op.overload else op.name
 
@@ -746,8 +756,9 @@ class MethodPlan:
                 hint = "; the program carries no portable fallback for this delegate"
             raise BackendNotFoundError(f"{at}: {reason}{hint}")
         processed = lp.delegate_data(self.plan_index, di)
+        kwargs = {"named_data": lp.named_data} if _accepts_named_data(executor.init) else {}
         try:
-            handle = executor.init(memoryview(processed), list(d.compile_specs))
+            handle = executor.init(memoryview(processed), list(d.compile_specs), **kwargs)
         except EdgeportError:
             raise
         except Exception as exc:  # noqa: BLE001 - report a bad blob as a program error
