@@ -53,12 +53,13 @@ def test_broken_hook_is_reported_and_does_not_hide_others(fresh_registry):
     assert edgeport.get_backend("GoodBackend").backend_id == "GoodBackend"
 
 
-def test_missing_backend_names_installed_ones_and_the_package(fresh_registry):
+def test_missing_backend_names_installed_ones_and_the_package(fresh_registry, monkeypatch):
+    monkeypatch.setitem(registry.KNOWN_BACKEND_PACKAGES, "AcmeNpuBackend", "edgeport-acmenpu")
     edgeport.register_plugin(GoodPlugin(), name="good")
     with pytest.raises(edgeport.BackendNotFoundError) as info:
-        edgeport.get_backend("XnnpackBackend")
+        edgeport.get_backend("AcmeNpuBackend")
     message = str(info.value)
-    assert "GoodBackend" in message and "pip install edgeport-xnnpack" in message
+    assert "GoodBackend" in message and "pip install edgeport-acmenpu" in message
 
 
 def test_duplicate_backend_id_is_reported(fresh_registry):

@@ -116,8 +116,19 @@ class RuntimeExecutor:
 
     ``init`` receives the processed bytes as a memoryview and the compile specs and returns an opaque handle;
     ``execute`` takes the handle and a list of numpy arrays and returns a list of numpy arrays; ``destroy``
-    releases the handle.
+    releases the handle. It is called once per delegate at method load, not per run.
+
+    Optional parts the runtime honours:
+
+    * ``init(processed, compile_specs, named_data=lookup)`` — when ``init`` accepts ``named_data``, it gets a
+      ``key -> memoryview`` lookup into the program's named-data segments (where XNNPACK keeps weights);
+    * ``num_outputs(handle) -> int`` — how many trailing arguments of the delegate call are outputs (otherwise
+      the runtime infers it from what the program defines);
+    * ``thread_safe = True`` — ``execute`` may run concurrently on one handle (otherwise calls are serialized
+      under a per-delegate lock).
     """
+
+    thread_safe: bool = False
 
     def is_available(self) -> tuple[bool, str]:
         return True, ""

@@ -39,7 +39,9 @@ def edgeport_register_kernels(registry: KernelRegistry) -> None:
     """Register kernels for non-delegated operators, used by the Python runtime.
 
     Call ``registry.add(op_name, kernel, library=...)`` where ``op_name`` is the ExecuTorch operator name with its
-    out overload (``"aten::add.out"``) and ``kernel`` is a callable over numpy arrays. A later registration of
-    the same op from another library overrides the built-in portable kernel; the runtime reports which library
-    each op came from.
+    out overload (``"aten::add.out"``) and ``kernel`` is a callable over numpy arrays following the calling
+    convention documented in :mod:`edgeport.runtime.kernel_utils` (schema arguments in order, preallocated out
+    arrays included; the kernel writes and returns the outs). A later registration of the same op from another
+    library overrides the built-in portable kernel; the runtime reports which library each op came from in the
+    method's profile.
     """
