@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgeport.aot.partitioner import Partitioner
 
 
+PORTABLE_FALLBACK_SPEC = "edgeport.portable_fallback"
+"""Compile-spec key the writer adds to a delegate when the program carries a portable fallback for it; its
+value is the UTF-8 name of the method that computes the same outputs from the same inputs with portable ops."""
+
+
 @dataclass(frozen=True)
 class CompileSpec:
     """One backend-specific option, as a key and raw bytes (ExecuTorch's ``CompileSpec``)."""

@@ -41,7 +41,10 @@ class ExecutorchBackendConfig:
 
     ``passes`` run first, on the edge graph. ``memory_planning_pass`` is any callable taking the list of
     :class:`edgeport.aot.memory_planning.TensorLifetime` objects and returning one offset per tensor (see
-    ``GreedyMemoryPlanner``, the default). Alignments are powers of two.
+    ``GreedyMemoryPlanner``, the default). Alignments are powers of two. ``portable_fallbacks`` also writes, for
+    every delegate, a method ``<method>__fallback_<n>`` that computes the partition with portable kernels, and
+    names it in the delegate's ``edgeport.portable_fallback`` compile spec, so a runtime without the backend can
+    run the program when the caller allows it (``load_method(..., allow_fallback=True)``).
     """
 
     passes: Sequence[Callable[..., Any]] = field(default_factory=list)
@@ -53,6 +56,7 @@ class ExecutorchBackendConfig:
     constant_tensor_alignment: int | None = None
     delegate_alignment: int | None = None
     memory_alignment: int = 16
+    portable_fallbacks: bool = False
 
     def __post_init__(self) -> None:
         _check_power_of_two("segment_alignment", self.segment_alignment)

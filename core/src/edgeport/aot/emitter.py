@@ -19,6 +19,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from edgeport.aot.delegate_op import CALL_DELEGATE, lookup_lowered_module
 from edgeport.aot.passes.out_variants import SCALAR_OPS, alloc
+from edgeport.backend import PORTABLE_FALLBACK_SPEC
 from edgeport.errors import SerializationError, UnsupportedOperatorError
 from edgeport.program import schema as S
 
@@ -66,8 +67,9 @@ class MethodEmitter:
     """Emits one method. ``plan`` maps storage-owning nodes to their :class:`PlannedTensor`."""
 
     def __init__(self, name: str, ep: ExportedProgram, plan: dict[torch.fx.Node, PlannedTensor], arena: int,
-                 tables: ProgramTables) -> None:
+                 tables: ProgramTables, fallbacks: dict[str, str] | None = None) -> None:
         self.name, self.ep, self.plan, self.arena, self.tables = name, ep, plan, arena, tables
+        self.fallbacks = fallbacks or {}  # delegate key -> name of its portable fallback method
         self.values: list[S.EValue] = []
         self.instructions: list[S.Instruction] = []
         self.operators: list[S.Operator] = []
@@ -228,7 +230,10 @@ class MethodEmitter:
         if key not in self.delegate_index:
             self.tables.delegate_data.append(S.BackendDelegateInlineData(lowered.processed_bytes))
             ref = S.BackendDelegateDataReference(S.DataLocation.INLINE, len(self.tables.delegate_data) - 1)
-            self.delegates.append(S.BackendDelegate(lowered.backend_id, ref, list(lowered.compile_specs)))
+            specs = list(lowered.compile_specs)
+            if key in self.fallbacks:
+                specs.append(S.CompileSpec(PORTABLE_FALLBACK_SPEC, self.fallbacks[key].encode()))
+            self.delegates.append(S.BackendDelegate(lowered.backend_id, ref, specs))
             self.delegate_index[key] = len(self.delegates) - 1
         outputs = sorted((u for u in node.users if u.target is operator.getitem), key=lambda u: u.args[1])
         out_ids = []

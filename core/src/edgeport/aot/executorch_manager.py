@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from torch.utils._sympy.numbers import int_oo
 
 from edgeport.aot.config import ExecutorchBackendConfig
+from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
 from edgeport.aot.emitter import MethodEmitter, PlannedTensor, ProgramTables, emit_constant_method
 from edgeport.aot.graph_utils import copy_program
 from edgeport.aot.memory_planning import MemoryPlan, TensorLifetime, plan_memory
@@ -97,6 +98,15 @@ def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfi
     return planned, plan
 
 
+def delegate_keys(ep: ExportedProgram) -> list[str]:
+    """Keys of the lowered modules a program calls, in first-call order, without repeats."""
+    keys: list[str] = []
+    for node in ep.graph.nodes:
+        if is_call_delegate(node) and node.args[0] not in keys:
+            keys.append(node.args[0])
+    return keys
+
+
 def to_execution_program(ep: ExportedProgram, config: ExecutorchBackendConfig) -> ExportedProgram:
     """User passes, then out-variant conversion, on a copy of ``ep``."""
     work = copy_program(ep)
@@ -127,10 +137,17 @@ class ExecutorchProgramManager:
         plans: list[S.ExecutionPlan] = []
         executions: dict[str, ExportedProgram] = {}
         reports = []
-        for name, ep in programs.items():
+        pending = list(programs.items())
+        while pending:
+            name, ep = pending.pop(0)
+            fallbacks: dict[str, str] = {}
+            if config.portable_fallbacks:
+                for key in delegate_keys(ep):
+                    fallbacks[key] = f"{name}__fallback_{len(fallbacks)}"
+                    pending.append((fallbacks[key], lookup_lowered_module(key).original_module))
             execution = to_execution_program(ep, config)
             planned, memory = plan_method(execution, name, config)
-            plans.append(MethodEmitter(name, execution, planned, memory.arena_bytes, tables).emit())
+            plans.append(MethodEmitter(name, execution, planned, memory.arena_bytes, tables, fallbacks).emit())
             executions[name] = execution
             reports.append(MethodMemoryReport(name, len(memory.offsets), memory.arena_bytes, memory.naive_bytes))
         for name, value in config_methods.items():
