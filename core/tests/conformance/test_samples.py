@@ -100,7 +100,7 @@ RUNTIME_GAPS = {"aten.split_with_sizes_copy.default": "the emitter has no list-o
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_sample_reaches_the_edge_dialect_and_runs_on_portable_kernels(name):
+def test_sample_reaches_the_edge_dialect_and_runs_on_portable_kernels(name, request):
     op = resolve_op(name)
     sample = SAMPLES[name](dtype_for(name), torch.Generator().manual_seed(0))[0]
     module = OpModule(op, sample).eval()
@@ -112,6 +112,6 @@ def test_sample_reaches_the_edge_dialect_and_runs_on_portable_kernels(name):
     ops = [op_name(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     assert name in ops, f"the sample for {name} becomes {ops} in the edge dialect"
     if name in RUNTIME_GAPS:
-        pytest.xfail(RUNTIME_GAPS[name])
+        request.applymarker(pytest.mark.xfail(strict=True, reason=RUNTIME_GAPS[name]))
     method = Runtime.get().load_program(edge.to_executorch().buffer).load_method()
     compare_outputs(method.execute([t.numpy() for t in inputs]), expected, DEFAULT_TOLERANCES, name)

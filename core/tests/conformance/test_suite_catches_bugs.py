@@ -6,6 +6,7 @@ of ``toy_backend.py`` with deliberately broken partitioners and executors; the t
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -144,11 +145,16 @@ def inner(tmp_path_factory) -> Outcomes:
     (root / "pytest.ini").write_text("[pytest]\n")
     (root / "test_toy_conformance.py").write_text(textwrap.dedent(INNER.format(here=str(HERE))))
     outcomes = Outcomes()
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
     try:
         pytest.main([str(root), "-q", "-p", "no:cacheprovider", "-c", str(root / "pytest.ini"),
                      "--rootdir", str(root), "-W", "ignore"], plugins=[outcomes])
     finally:
         MODELS.pop("toy_relu_neg", None)
+        sys.path[:] = saved_path
+        for name in ("toy_backend", "test_toy_conformance"):
+            if name not in saved_modules:
+                sys.modules.pop(name, None)
         registry.reload_plugins()
     return outcomes
 
