@@ -28,7 +28,6 @@ _CONSTANT_ARGS = {
     "aten.convolution.default": (1, 2),
     "aten.linear.default": (1, 2),
     "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4),
-    "aten.addmm.default": (0,),
 }
 
 

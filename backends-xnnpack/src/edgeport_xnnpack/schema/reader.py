@@ -35,7 +35,9 @@ def split_blob(blob: Any) -> tuple[memoryview, memoryview]:
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
     if len(mv) >= HEADER.size and bytes(mv[4:8]) == HEADER_MAGIC:
-        _, _, length, fb_off, fb_size, c_off, c_size = HEADER.unpack_from(mv, 0)
+        reserved, _, length, fb_off, fb_size, c_off, c_size = HEADER.unpack_from(mv, 0)
+        if reserved != b"\0\0\0\0":
+            raise BlobError("the 4 reserved bytes before the XH00 magic are not zero (corrupted header)")
         if length < HEADER.size:
             raise BlobError(f"header length {length} is shorter than {HEADER.size}")
         if fb_size < 8 or fb_off > len(mv) or fb_size > len(mv) - fb_off:

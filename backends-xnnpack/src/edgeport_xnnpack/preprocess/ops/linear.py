@@ -26,9 +26,11 @@ def _fc(b: GraphBuilder, node: Any, x: Any, weight: Any, bias: Any, weight_is_in
     out = b.output_of(node)
     n_out = out.shape[-1]
     bias_id, extra = INVALID_ID, None
-    if bias is not None:
+    if bias is not None and not b.is_constant(bias):
+        extra = b.value(bias, NCHW).id  # a runtime bias: added after the fully connected node
+    elif bias is not None:
         t = b.tensor(bias).detach().to(torch.float32)
-        if t.numel() == n_out and t.dim() <= 1 or (t.dim() == 2 and t.shape[0] == 1):
+        if t.numel() == n_out and (t.dim() <= 1 or (t.dim() == 2 and t.shape[0] == 1)):
             bias_id = b.constant_array(t.reshape(-1).numpy())
         else:
             extra = b.constant_array(t.numpy())
