@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from edgeport.testing import BackendConformance
 
+from edgeport.testing import BackendConformance
 from edgeport_xnnpack import XnnpackCompileOptions, XnnpackPartitioner
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import zoo
+from torch import nn
+
 from conftest import (
     RTOL,
     delegate_count,
@@ -16,8 +18,6 @@ from conftest import (
     run_executorch,
 )
 from edgeport.testing import models
-from torch import nn
-
 from edgeport_xnnpack import native
 
 F = nn.functional

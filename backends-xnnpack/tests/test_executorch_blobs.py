@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 import zoo
+
 from conftest import RTOL, eager, lower_executorch, needs_xnnpack, rel_err
 from edgeport.errors import ProgramError
 from edgeport.program import load_pte
 from edgeport.testing import models
-
 from edgeport_xnnpack.runtime import XnnpackExecutor
 
 pytestmark = [needs_xnnpack, pytest.mark.executorch]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import edgeport
 import pytest
 import torch
-from edgeport.aot.partitioner import DELEGATION_TAG
 from torch import nn
 
+import edgeport
+from edgeport.aot.partitioner import DELEGATION_TAG
 from edgeport_xnnpack import CAPABILITIES, XnnpackCompileOptions, XnnpackPartitioner
 
 

@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+
 from conftest import needs_xnnpack
 from edgeport.errors import ProgramError, RuntimeExecutionError
-
 from edgeport_xnnpack.runtime import XnnpackExecutor
 from edgeport_xnnpack.schema import ConstantDataOffset, Graph, TensorValue, XNode, read_blob, serialize
 from edgeport_xnnpack.schema.graph import INVALID_ID

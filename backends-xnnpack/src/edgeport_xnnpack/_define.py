@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+
 from edgeport_xnnpack import native
 from edgeport_xnnpack.schema.graph import INVALID_ID, XNode
 

@@ -42,7 +42,7 @@ def _is_node(x: Any) -> bool:
     return hasattr(x, "meta") and hasattr(x, "op")
 
 
-def _common(node: Any) -> str | None:
+def _static_shapes(node: Any) -> str | None:
     """Static shapes of at most MAX_DIMS dimensions for the node and its tensor inputs."""
     for v in (node, *[a for a in node.all_input_nodes if _is_node(a)]):
         val = v.meta.get("val")
@@ -59,11 +59,12 @@ def _common(node: Any) -> str | None:
 
 def _all(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     def check(node: Any) -> str | None:
-        for c in (_common, *checks):
+        for c in (_static_shapes, *checks):
             why = c(node)
             if why:
                 return why
         return None
+    check.__name__ = " + ".join(c.__name__ for c in (_static_shapes, *checks))
     return check
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.export import ExportedProgram
+
 from edgeport.aot.capability_partitioner import (
     CapabilityBasedPartitioner,
     NodeFilter,
@@ -18,8 +20,6 @@ from edgeport.aot.capability_partitioner import (
 )
 from edgeport.aot.partitioner import PartitionResult
 from edgeport.backend import CompileSpec
-from torch.export import ExportedProgram
-
 from edgeport_xnnpack.capabilities import BACKEND_ID, CAPABILITIES
 from edgeport_xnnpack.options import XnnpackCompileOptions
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
-
 from edgeport_xnnpack import native
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
 from edgeport_xnnpack._host import HOST_KINDS, make_host_fn

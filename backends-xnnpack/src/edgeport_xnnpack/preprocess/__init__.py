@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from edgeport.aot.capability_partitioner import op_name
-from edgeport.backend import CompileSpec, PreprocessResult
-from edgeport.errors import LoweringError
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from edgeport.aot.capability_partitioner import op_name
+from edgeport.backend import CompileSpec, PreprocessResult
+from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
 from edgeport_xnnpack.preprocess.registry import LOWERINGS

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from edgeport.errors import LoweringError
 
+from edgeport.errors import LoweringError
 from edgeport_xnnpack.schema.graph import FP32, INVALID_ID, ConstantDataOffset, Graph, TensorValue, XNode
 
 NCHW, NHWC = "nchw", "nhwc"

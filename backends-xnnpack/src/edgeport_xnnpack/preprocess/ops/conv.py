@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from edgeport.errors import LoweringError
 
+from edgeport.errors import LoweringError
 from edgeport_xnnpack.preprocess.builder import NHWC, GraphBuilder
 from edgeport_xnnpack.preprocess.registry import lowers
 from edgeport_xnnpack.schema.graph import INVALID_ID
