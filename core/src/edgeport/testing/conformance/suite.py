@@ -261,6 +261,20 @@ class BackendConformance:
         if targets and all(n.claim is not None for n in targets):
             pytest.skip(f"not claimed by the capability table: {targets[0].claim}")
 
+    @staticmethod
+    def _init(executor: Any, blob: bytes, compile_specs: Any, pte: bytes | None) -> Any:
+        """``executor.init`` as the runtime calls it (with ``named_data=`` when the executor takes it)."""
+        try:
+            params = inspect.signature(executor.init).parameters
+        except (TypeError, ValueError):
+            params = {}
+        kwargs: dict[str, Any] = {}
+        if pte is not None and ("named_data" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())):
+            from edgeport.program import load_pte
+
+            kwargs["named_data"] = load_pte(pte).named_data
+        return executor.init(memoryview(blob), list(compile_specs), **kwargs)
+
     def corrupt_blob(self, kind: str, blob: bytes) -> bytes | None:
         """The corrupted blob for ``kind`` (override for a header that differs from DESIGN.md's)."""
         return H.corrupt_blob(kind, blob, self.blob_version_offset, self.blob_version_format)
@@ -396,6 +410,8 @@ class BackendConformance:
 
     def test_runtime_matches_eager(self, lowered: H.LoweredCase, backend_spec: Any, tmp_path: Any,
                                    tolerances: dict, model_tolerances: dict) -> None:
+        import torch
+
         from edgeport.runtime import Runtime
 
         self._require(lowered, "to_executorch")
@@ -409,7 +425,7 @@ class BackendConformance:
         try:
             statuses = {(d.backend_id, d.status) for d in method.profile.delegates}
             assert statuses <= {(self.backend_id, "backend")}, f"delegates did not run on the backend: {statuses}"
-            inputs = [t.detach().numpy() for t in lowered.inputs]
+            inputs = [t.detach() if t.dtype == torch.bfloat16 else t.detach().numpy() for t in lowered.inputs]
             got = method.execute(inputs)
         finally:
             method.release()
@@ -422,9 +438,9 @@ class BackendConformance:
         ok, why = backend_spec.is_available()
         if not ok:
             pytest.skip(f"{self.backend_id} is not available here: {why}")
-        _, lm = reference
+        lc, lm = reference
         executor = backend_spec.executor()
-        handle = executor.init(memoryview(lm.processed_bytes), lm.compile_specs)
+        handle = self._init(executor, lm.processed_bytes, lm.compile_specs, lc.pte)
         executor.destroy(handle)
 
     def test_corrupted_blob_rejected_at_init(self, reference: tuple[H.LoweredCase, Any], backend_spec: Any,
@@ -432,13 +448,13 @@ class BackendConformance:
         ok, why = backend_spec.is_available()
         if not ok:
             pytest.skip(f"{self.backend_id} is not available here: {why}")
-        _, lm = reference
+        lc, lm = reference
         bad = self.corrupt_blob(corruption, lm.processed_bytes)
         if bad is None:
             pytest.skip(f"corruption {corruption!r} does not apply to a {len(lm.processed_bytes)}-byte blob")
         executor = backend_spec.executor()
         try:
-            handle = executor.init(memoryview(bad), lm.compile_specs)
+            handle = self._init(executor, bad, lm.compile_specs, lc.pte)
         except EdgeportError as exc:
             assert str(exc).strip(), "the error must say what is wrong"
             return
