@@ -11,11 +11,27 @@ from edgeport_xnnpack import XnnpackCompileOptions, XnnpackPartitioner
 class TestXnnpackConformance(BackendConformance):
     backend_id = "XnnpackBackend"
     known_gaps = {
-        "model-transformer_encoder_layer": (
+        f"{test}[model-transformer_encoder_layer]": (
             "edgeport core: to_backend inserts a partition's call_delegate after a node that consumes one of its "
             "outputs (the attention's masking ops), so lowering fails with 'used before it has been defined'"
-        ),
+        )
+        for test in ("test_claimed_nodes_are_delegated", "test_program_round_trip", "test_runtime_matches_eager")
     }
+
+    def test_known_gaps_are_current(self) -> None:
+        """The core's version misses the per-case tests (they take ``lowered``, not ``case``); this one counts
+        them. Remove when edgeport.testing's ``generated_test_ids`` lists them."""
+        import inspect
+
+        from edgeport.testing.conformance import harness
+
+        ids = self.generated_test_ids()
+        for name, fn in inspect.getmembers(type(self), inspect.isfunction):
+            if name.startswith("test_") and "lowered" in inspect.signature(fn).parameters:
+                ids += [f"{name}[{pid}]" for pid, _, _ in self._params_of("case")]
+        stale = [p for p in self.known_gaps
+                 if not any(harness.matches_any(i, i.split("[", 1)[-1][:-1], [p]) for i in ids)]
+        assert not stale, f"known_gaps patterns that match no test: {stale}"
 
     @pytest.fixture
     def compile_options(self):
