@@ -7,7 +7,9 @@ The model zoo is also used by ``bench/runtime_latency.py`` (it loads this file b
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -197,6 +199,34 @@ def cached_executorch_pte(name: str, seed: int = 0):
     return model, inputs, data
 
 
+def cached_executorch_arrays(name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays ``build()`` makes with ExecuTorch (a ``.pte`` as a ``uint8`` array, reference outputs of its
+    runtime, ...), cached on disk so that ``executorch.exir`` (~10 s to import) and the export run only when the
+    torch or ExecuTorch version, the file defining ``build`` or the model zoo change."""
+    from importlib.metadata import version
+
+    key = hashlib.sha256()
+    for part in (name, version("torch"), version("executorch"), Path(build.__code__.co_filename).read_bytes(),
+                 inspect.getsource(model_zoo)):
+        key.update(part if isinstance(part, bytes) else part.encode())
+    path = _CACHE / f"{name}-{key.hexdigest()[:16]}.npz"
+    if path.exists():
+        with np.load(path, allow_pickle=False) as stored:
+            return dict(stored)
+    arrays = build()
+    _CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+    return arrays
+
+
+def pte_array(pte: bytes) -> np.ndarray:
+    """A ``.pte`` as an array for :func:`cached_executorch_arrays` (``.tobytes()`` gives it back)."""
+    return np.frombuffer(pte, np.uint8)
+
+
 # ------------------------------------------------------------------------------------------- hand-built programs
 class ProgramBuilder:
     """Builds small programs directly from the schema (torch-free): values, constants, kernel calls, one arena."""
@@ -290,7 +320,7 @@ def linear_relu_program(w: np.ndarray, b: np.ndarray, batch: int = 2) -> Program
 @pytest.fixture(scope="session")
 def zoo():
     return SimpleNamespace(make_model=make_model, executorch_pte=executorch_pte, cached=cached_executorch_pte,
-                           names=lambda: list(model_zoo()))
+                           cached_arrays=cached_executorch_arrays, pte_array=pte_array, names=lambda: list(model_zoo()))
 
 
 @pytest.fixture

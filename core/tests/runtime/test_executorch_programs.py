@@ -69,47 +69,54 @@ def test_new_inputs_and_torch_tensors(zoo, tmp_path):
             np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4, rtol=1e-4)
 
 
-def test_dynamic_shapes_upper_bound(tmp_path):
-    from torch.export import Dim
+class _CatViewSum(torch.nn.Module):
+    def forward(self, x, y):
+        z = torch.cat([x, y], 0)
+        n = z.shape[0]
+        return torch.relu(z).view(n, 2, -1).sum(1) * 2 + x.shape[0]
 
-    class M(torch.nn.Module):
-        def forward(self, x, y):
-            z = torch.cat([x, y], 0)
-            n = z.shape[0]
-            return torch.relu(z).view(n, 2, -1).sum(1) * 2 + x.shape[0]
 
-    from executorch.exir import to_edge
+def test_dynamic_shapes_upper_bound(zoo):
+    def build():
+        from executorch.exir import to_edge
+        from torch.export import Dim
 
-    ep = torch.export.export(M(), (torch.randn(3, 4), torch.randn(2, 4)),
-                             dynamic_shapes={"x": {0: Dim("b", max=8)}, "y": None})
-    pte = to_edge(ep).to_executorch().buffer
+        ep = torch.export.export(_CatViewSum(), (torch.randn(3, 4), torch.randn(2, 4)),
+                                 dynamic_shapes={"x": {0: Dim("b", max=8)}, "y": None})
+        return {"pte": zoo.pte_array(to_edge(ep).to_executorch().buffer)}
+
+    pte = zoo.cached_arrays("dynamic_cat", build)["pte"].tobytes()
     method = Runtime.get().load_program(pte).load_method()
     meta = method.metadata
     assert meta.input_shapes == [(8, 4), (2, 4)] and meta.inputs[0].dynamic
     for b in [3, 1, 8, 5]:
         x, y = torch.randn(b, 4), torch.randn(2, 4)
         (got,) = method.execute([x.numpy(), y.numpy()])
-        np.testing.assert_allclose(got, M()(x, y).numpy(), atol=1e-5)
+        np.testing.assert_allclose(got, _CatViewSum()(x, y).numpy(), atol=1e-5)
     from edgeport.errors import RuntimeExecutionError
 
     with pytest.raises(RuntimeExecutionError, match="upper bound"):
         method.execute([np.zeros((9, 4), np.float32), y.numpy()])
 
 
-def test_multiple_methods_and_metadata(tmp_path):
-    from executorch.exir import to_edge
+def test_multiple_methods_and_metadata(zoo):
+    def build():
+        from executorch.exir import to_edge
 
-    class A(torch.nn.Module):
-        def forward(self, x):
-            return x * 2
+        class A(torch.nn.Module):
+            def forward(self, x):
+                return x * 2
 
-    class B(torch.nn.Module):
-        def forward(self, x):
-            return (x + 1, x.to(torch.int32))
+        class B(torch.nn.Module):
+            def forward(self, x):
+                return (x + 1, x.to(torch.int32))
+
+        x = torch.randn(2, 3)
+        edge = to_edge({"double": torch.export.export(A(), (x,)), "pair": torch.export.export(B(), (x,))})
+        return {"pte": zoo.pte_array(edge.to_executorch().buffer)}
 
     x = torch.randn(2, 3)
-    edge = to_edge({"double": torch.export.export(A(), (x,)), "pair": torch.export.export(B(), (x,))})
-    program = Runtime.get().load_program(edge.to_executorch().buffer)
+    program = Runtime.get().load_program(zoo.cached_arrays("double_pair", build)["pte"].tobytes())
     assert program.method_names == {"double", "pair"}
     meta = program.metadata("pair")
     assert meta.num_inputs() == 1 and meta.num_outputs() == 2
@@ -138,32 +145,37 @@ def test_ops_of_reference_graphs_have_kernels(zoo):
 
 @pytest.mark.parametrize("initialized", [False, True])
 @pytest.mark.filterwarnings("ignore:Mutation on a buffer")
-def test_mutable_buffer_state_carries_like_executorch(initialized):
+def test_mutable_buffer_state_carries_like_executorch(zoo, initialized):
     """A buffer mutated in forward (written back with aten::copy_): state carries across runs exactly as in
     ExecuTorch's own runtime (also with an initial value from the mutable-data segment), and concurrent runs
     take turns."""
     import threading
 
-    from executorch.exir import ExecutorchBackendConfig, to_edge
-    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-    from executorch.runtime import Runtime as ETRuntime
-
-    class Acc(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("acc", torch.arange(3.0) + 1)
-
-        def forward(self, x):
-            self.acc.add_(x)
-            return self.acc * 2
-
     x = torch.tensor([1.0, 2.0, 3.0])
-    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["acc"])] if initialized else [])
-    pte = to_edge(torch.export.export(Acc(), (x,))).to_executorch(config).buffer
-    et = ETRuntime.get().load_program(pte).load_method("forward")
-    ours = Runtime.get().load_program(pte).load_method()
-    for _ in range(3):
-        np.testing.assert_array_equal(ours.execute([x.numpy()])[0], et.execute([x])[0].numpy())
+
+    def build():
+        from executorch.exir import ExecutorchBackendConfig, to_edge
+        from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+        from executorch.runtime import Runtime as ETRuntime
+
+        class Acc(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("acc", torch.arange(3.0) + 1)
+
+            def forward(self, x):
+                self.acc.add_(x)
+                return self.acc * 2
+
+        config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["acc"])] if initialized else [])
+        pte = to_edge(torch.export.export(Acc(), (x,))).to_executorch(config).buffer
+        et = ETRuntime.get().load_program(pte).load_method("forward")
+        return {"pte": zoo.pte_array(pte), "et_outputs": np.stack([et.execute([x])[0].numpy() for _ in range(3)])}
+
+    arrays = zoo.cached_arrays(f"mutable_acc_{initialized}", build)
+    ours = Runtime.get().load_program(arrays["pte"].tobytes()).load_method()
+    for expected in arrays["et_outputs"]:  # three runs of ExecuTorch's runtime
+        np.testing.assert_array_equal(ours.execute([x.numpy()])[0], expected)
     threads = [threading.Thread(target=lambda: [ours.execute([x.numpy()]) for _ in range(5)]) for _ in range(8)]
     for t in threads:
         t.start()
@@ -177,12 +189,16 @@ def test_mutable_buffer_state_carries_like_executorch(initialized):
 def test_executorch_xnnpack_delegated_program(zoo):
     """A program ExecuTorch lowered to XNNPACK runs here on edgeport-xnnpack's executor (when installed)."""
     pytest.importorskip("edgeport_xnnpack")
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
     model, inputs = zoo.make_model("mlp")
-    pte = to_edge_transform_and_lower(torch.export.export(model, inputs),
-                                      partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+    def build():
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        lowered = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=[XnnpackPartitioner()])
+        return {"pte": zoo.pte_array(lowered.to_executorch().buffer)}
+
+    pte = zoo.cached_arrays("mlp_xnnpack", build)["pte"].tobytes()
     method = Runtime.get().load_program(pte).load_method()
     assert method.metadata.backends == ("XnnpackBackend",)
     (got,) = method.execute([t.numpy() for t in inputs])

@@ -113,7 +113,7 @@ def test_kernel_failure_names_the_instruction(builder):
 
 
 def test_endless_loop_is_stopped(builder, monkeypatch):
-    import edgeport.runtime._method as m
+    import edgeport.runtime._execute as m
 
     monkeypatch.setattr(m, "MAX_STEPS", 1000)
     pb = builder.ProgramBuilder()

@@ -50,9 +50,9 @@ def test_threads_executorch_cnn(zoo):
     model, _, pte = zoo.cached("mobilenet_small")
     method = Runtime.get().load_program(pte).load_method()
     gen = torch.Generator().manual_seed(3)
-    inputs = [[torch.randn(1, 3, 32, 32, generator=gen).numpy()] for _ in range(8)]
+    inputs = [[torch.randn(1, 3, 32, 32, generator=gen).numpy()] for _ in range(4)]
     expected = [method.execute(i) for i in inputs]
     with torch.no_grad():
         for i, e in zip(inputs, expected):
             np.testing.assert_allclose(e[0], model(torch.from_numpy(i[0])).numpy(), atol=1e-4, rtol=1e-4)
-    _hammer(method, inputs, expected, reps=4)
+    _hammer(method, inputs, expected, reps=2)  # 8 threads at once; the hand-built test hammers longer

@@ -18,7 +18,8 @@ neither torch nor any backend SDK; its dependencies are numpy and flatbuffers.
 from __future__ import annotations
 
 from edgeport.runtime._api import LoadedProgram, Method, MethodMeta, Program, Runtime, TensorInfo, load
-from edgeport.runtime._method import FALLBACK_COMPILE_SPEC, DelegateInfo, MethodProfile
+from edgeport.runtime._delegates import FALLBACK_COMPILE_SPEC
+from edgeport.runtime._profile import DelegateInfo, MethodProfile
 
 __all__ = [
     "FALLBACK_COMPILE_SPEC",

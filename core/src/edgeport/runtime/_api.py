@@ -17,7 +17,10 @@ from edgeport.errors import ProgramError
 from edgeport.program import schema as S
 from edgeport.program.reader import LoadedPte, load_pte
 from edgeport.program.verify import verify_program
-from edgeport.runtime._method import MethodPlan, MethodProfile, MethodRunner, TensorInfo
+from edgeport.runtime._execute import MethodRunner
+from edgeport.runtime._method import MethodPlan
+from edgeport.runtime._profile import MethodProfile
+from edgeport.runtime._values import TensorInfo
 
 __all__ = ["Runtime", "Program", "Method", "MethodMeta", "TensorInfo", "LoadedProgram", "load"]
 

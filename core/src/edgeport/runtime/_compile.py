@@ -1,0 +1,315 @@
+"""Compile a method's instructions into the operation lists the executor walks.
+
+Each instruction becomes a ``(function, argument getter, post)`` triple: ``function`` is the kernel (or a
+closure running a delegate, a move, a free), ``get`` an :func:`operator.itemgetter` over the value slots and
+``post``, where a result must be stored (dynamic shapes, scalars, lists, delegates), ``post(vals, result)``.
+A list value over slots that change during a run is rebuilt by a resolver operation just before its use.
+``JumpFalseCall`` becomes ``(JUMP, condition slot, destination op index)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from edgeport.errors import ProgramError, RuntimeExecutionError
+from edgeport.program import schema as S
+from edgeport.runtime._delegates import Delegate
+from edgeport.runtime._instructions import InstructionAnalysis
+from edgeport.runtime._memory import MemoryLayout
+from edgeport.runtime._values import MethodValues
+from edgeport.runtime.kernel_utils import resize
+
+__all__ = ["JUMP", "CompiledChain", "ChainCompiler"]
+
+#: The function of a jump operation (the executor tests it by identity).
+JUMP = object()
+
+#: (operations, whether the chain jumps, a label per operation naming its instruction)
+CompiledChain = tuple[list[tuple], bool, list[str]]
+
+
+def _vals_only(vals: list) -> tuple:
+    return (vals,)
+
+
+def _no_args(vals: list) -> tuple:
+    return ()
+
+
+def getter(indices: Sequence[int]) -> Callable[[list], tuple]:
+    """A function returning the tuple of ``vals[i]`` for ``i`` in ``indices``."""
+    if len(indices) == 0:
+        return _no_args
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda vals: (vals[i],)
+    return itemgetter(*indices)
+
+
+class ChainCompiler:
+    """Compiles the chains of one analysed method (after constant folding, whose calls it leaves out)."""
+
+    def __init__(self, mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
+                 layout: MemoryLayout, delegates: list[Delegate]) -> None:
+        self.mv, self.plan, self.analysis, self.layout, self.delegates = mv, plan, analysis, layout, delegates
+        #: list values over slots a run rewrites: value index -> (list kind, items)
+        self.dynamic_lists: dict[int, tuple[str, list[int]]] = {}
+        for i, ev in enumerate(mv.values):
+            k = mv.kinds[i]
+            if k in (S.IntList, S.TensorList, S.OptionalTensorList):
+                items = list(ev.val.items)
+                if any(j in analysis.rw for j in items if j >= 0):
+                    self.dynamic_lists[i] = (k.__name__, items)
+
+    def compile(self) -> list[CompiledChain]:
+        return [self._compile_chain(ci, chain) for ci, chain in enumerate(self.plan.chains)]
+
+    def _compile_chain(self, ci: int, chain: S.Chain) -> CompiledChain:
+        mv, layout, read, infos = self.mv, self.layout, self.analysis.read, self.analysis.chains[ci]
+        ops: list[tuple] = []
+        labels: list[str] = []
+        has_jump = False
+        index_map: list[int] = []  # instruction index -> first op index (resolvers come first)
+        for ii, instr in enumerate(chain.instructions):
+            index_map.append(len(ops))
+            a = instr.instr_args
+            call = infos[ii]
+            label = f"chains[{ci}].instructions[{ii}]"
+            k = type(a)
+            if call is not None:
+                if call.folded:
+                    continue
+                label += f" ({call.name})"
+                params, outs = call.params, call.outs
+                arg_slots = list(params)
+                optional = getattr(call.entry.fn, "optional_outs", ())
+                for pos in outs:
+                    idx = params[pos]
+                    items = mv.tensor_items(idx)
+                    if pos in optional and idx not in read and items and all(t not in read for t in items):
+                        arg_slots[pos] = layout.none_slot
+                    elif idx in layout.capacity:
+                        arg_slots[pos] = layout.capacity[idx]
+                    elif idx in layout.tensorlist_capacity:
+                        arg_slots[pos] = layout.tensorlist_capacity[idx]
+                for pos, idx in enumerate(params):
+                    if idx in self.dynamic_lists and pos not in outs:
+                        ops.append((self._list_resolver(idx), _vals_only, None))
+                        labels.append(label)
+                post = self._kernel_post(call.name, params, call.rets, call.stores, call.mut, outs)
+                ops.append((call.entry.fn, getter(arg_slots), post))
+                labels.append(label)
+            elif k is S.DelegateCall:
+                delegate = self.delegates[a.delegate_index]
+                label += f" (delegate {a.delegate_index}: {delegate.backend_id})"
+                for idx in a.args:
+                    if idx in self.dynamic_lists:
+                        ops.append((self._list_resolver(idx), _vals_only, None))
+                        labels.append(label)
+                ops.append((self._delegate_op(ci, ii, a, delegate), _vals_only, None))
+                labels.append(label)
+            elif k is S.MoveCall:
+                src, dst = a.move_from, a.move_to
+
+                def move(vals, src=src, dst=dst):
+                    vals[dst] = vals[src]
+
+                ops.append((move, _vals_only, None))
+                labels.append(label + " (move)")
+            elif k is S.JumpFalseCall:
+                has_jump = True
+                ops.append((JUMP, a.cond_value_index, a.destination_instruction))
+                labels.append(label + " (jump_false)")
+            elif k is S.FreeCall:
+                idx = a.value_index
+                if mv.specs.get(idx) is not None and mv.specs[idx].mem_id == 0 and idx in self.analysis.rw:
+                    def free(vals, idx=idx):
+                        vals[idx] = None
+
+                    ops.append((free, _vals_only, None))
+                    labels.append(label + " (free)")
+            else:  # pragma: no cover - verify_program rejects unknown instructions
+                raise mv.err(f"{label}: unknown instruction {k.__name__}")
+        index_map.append(len(ops))
+        if has_jump:
+            for n, op in enumerate(ops):
+                if op[0] is JUMP:
+                    dest = op[2]
+                    if not 0 <= dest < len(index_map):
+                        raise mv.err(f"chains[{ci}]: jump destination {dest} out of range")
+                    ops[n] = (JUMP, op[1], index_map[dest])
+        return ops, has_jump, labels
+
+    def _list_resolver(self, idx: int) -> Callable[[list], None]:
+        kind, items = self.dynamic_lists[idx]
+        if kind == "IntList":
+            def resolve(vals, idx=idx, items=tuple(items)):
+                vals[idx] = tuple(vals[i] for i in items)
+        else:
+            def resolve(vals, idx=idx, items=tuple(items)):
+                vals[idx] = [None if i < 0 else vals[i] for i in items]
+        return resolve
+
+    def _kernel_post(self, name: str, params: list[int], rets: list[int], stores: list[int], mut: list[int],
+                     outs: list[int]) -> Callable[[list, Any], None] | None:
+        mv = self.mv
+        kinds = mv.kinds
+        actions: list[tuple[str, Any]] = []
+        for r in stores:
+            if kinds[r] is S.TensorList:
+                actions.append(("list", (r, tuple(mv.items(r)))))
+            else:
+                actions.append(("one", r))
+        # an out argument stored under a different index than the returned one still gets the result
+        if len(rets) == 1 and kinds[rets[0]] is S.Tensor and outs:
+            out_idx = params[outs[-1]] if len(outs) == 1 else None
+            if out_idx is not None and out_idx != rets[0] and out_idx in self.analysis.rw:
+                actions.append(("one", out_idx))
+        for pos in mut:
+            idx = params[pos]
+            if kinds[idx] is S.TensorList:
+                actions.append(("list", (idx, tuple(mv.items(idx)))))
+            else:
+                actions.append(("one", idx))
+        if not actions:
+            return None
+        if len(actions) == 1 and actions[0][0] == "one":
+            r = actions[0][1]
+
+            def post_one(vals, res, r=r):
+                if res is None:
+                    raise RuntimeExecutionError(f"kernel {name} returned None")
+                vals[r] = res
+
+            return post_one
+
+        def post(vals, res, actions=tuple(actions)):
+            if res is None:
+                raise RuntimeExecutionError(f"kernel {name} returned None")
+            for kind, what in actions:
+                if kind == "one":
+                    vals[what] = res
+                else:
+                    lst_idx, items = what
+                    parts = list(res)
+                    if len(parts) != len(items):
+                        raise RuntimeExecutionError(
+                            f"kernel {name} returned {len(parts)} tensors for a list of {len(items)}")
+                    for i, x in zip(items, parts):
+                        vals[i] = x
+                    vals[lst_idx] = parts
+
+        return post
+
+    # ------------------------------------------------------------------------------------------ delegate calls
+    def _delegate_op(self, ci: int, ii: int, a: S.DelegateCall, delegate: Delegate) -> Callable[[list], None]:
+        """``op(vals)``: call the delegate on its input slots and store its outputs in their slots."""
+        args = list(a.args)
+        n_out = self._delegate_num_outputs(ci, ii, a, delegate)
+        in_idx, out_idx = args[: len(args) - n_out], args[len(args) - n_out:]
+        targets = []
+        for o in out_idx:
+            sp = self.mv.specs.get(o)
+            if sp is None:
+                targets.append(("value", o, None))
+            elif sp.mem_id == 0:
+                targets.append(("unplanned", o, sp))
+            elif sp.dynamic:
+                targets.append(("dynamic", o, self.layout.capacity[o]))
+            else:
+                targets.append(("static", o, sp))
+        where = f"delegate {a.delegate_index} ({delegate.backend_id})"
+        executor, handle, lock = delegate.executor, delegate.handle, delegate.lock
+
+        if delegate.kind == "fallback":
+            runner = executor
+
+            def call(inputs):
+                return runner.run(inputs)
+        elif lock is None:
+            def call(inputs):
+                return executor.execute(handle, inputs)
+        else:
+            def call(inputs):
+                with lock:
+                    return executor.execute(handle, inputs)
+
+        get_in = getter(in_idx)
+        n_expected = len(out_idx)
+
+        def run_delegate(vals):
+            outs = call(list(get_in(vals)))
+            if outs is None or len(outs) != n_expected:
+                got = "None" if outs is None else str(len(outs))
+                raise RuntimeExecutionError(f"{where} returned {got} outputs, the program expects {n_expected}")
+            for (tk, o, extra), res in zip(targets, outs):
+                if tk == "static":
+                    dst = vals[o]
+                    res = np.asarray(res)
+                    if res is dst:
+                        continue
+                    if res.shape != dst.shape:
+                        raise RuntimeExecutionError(
+                            f"{where}: output shape {list(res.shape)} differs from the planned {list(dst.shape)}")
+                    np.copyto(dst, res, casting="unsafe")
+                elif tk == "dynamic":
+                    res = np.asarray(res)
+                    dst = resize(vals[extra], res.shape)
+                    if res is not dst:
+                        np.copyto(dst, res, casting="unsafe")
+                    vals[o] = dst
+                elif tk == "unplanned":
+                    vals[o] = np.asarray(res)
+                else:
+                    vals[o] = res
+
+        return run_delegate
+
+    def _delegate_num_outputs(self, ci: int, ii: int, a: S.DelegateCall, delegate: Delegate) -> int:
+        where = self.mv.where
+        if delegate.kind == "fallback":
+            return len(delegate.executor.plan.output_indices)
+        declared = getattr(delegate.executor, "num_outputs", None)
+        if callable(declared):
+            try:
+                n = int(declared(delegate.handle))
+            except Exception as exc:  # noqa: BLE001
+                raise ProgramError(f"{where}: delegate {a.delegate_index} num_outputs failed: {exc}") from exc
+            if not 0 <= n <= len(a.args):
+                raise ProgramError(f"{where}: delegate {a.delegate_index} declares {n} outputs but the call "
+                                   f"has {len(a.args)} arguments")
+            return n
+        # The emitters append the delegate's outputs, fresh values, after its inputs: the outputs are the
+        # trailing arguments that no earlier instruction, method input or constant defines.
+        defined = self._defined_before(ci, ii)
+        n = 0
+        for idx in reversed(a.args):
+            if idx in defined or self.mv.kinds[idx] is not S.Tensor:
+                break
+            n += 1
+        if n == 0:
+            raise ProgramError(f"{where}: chains[{ci}].instructions[{ii}]: cannot tell the outputs of delegate "
+                               f"{a.delegate_index} ({delegate.backend_id}) from its inputs")
+        return n
+
+    def _defined_before(self, ci: int, ii: int) -> set[int]:
+        mv, plan = self.mv, self.plan
+        defined = set(plan.inputs)
+        for i, sp in mv.specs.items():
+            if sp.constant is not None:
+                defined.add(i)
+        for chain in plan.chains[: ci + 1]:
+            instrs = chain.instructions if chain is not plan.chains[ci] else chain.instructions[:ii]
+            for instr in instrs:
+                a = instr.instr_args
+                if type(a) in (S.KernelCall, S.DelegateCall):
+                    for idx in a.args:
+                        defined.add(idx)
+                        defined.update(mv.tensor_items(idx))
+                elif type(a) is S.MoveCall:
+                    defined.add(a.move_to)
+        return defined

@@ -1,0 +1,154 @@
+"""Running a compiled method: the execute loop over its operation lists, with a pool of execution contexts.
+
+    for fn, get, post in ops:
+        r = fn(*get(vals))          # get is an operator.itemgetter over the value slots
+        if post is not None:
+            post(vals, r)           # only where a result must be stored (dynamic shapes, scalars, delegates)
+
+Thread safety: a context (arenas + value slots) is used by one run at a time; :class:`MethodRunner` keeps a pool
+of them, so concurrent ``execute`` calls each run in their own planned memory. A method with state (a planned
+buffer read before it is written, e.g. mutated buffers written back with ``aten::copy_``) has a single context
+and its runs take turns under a lock, so the state carries from run to run as in ExecuTorch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeport.errors import ProgramError, RuntimeExecutionError
+from edgeport.runtime._compile import JUMP
+from edgeport.runtime._memory import Context
+
+if TYPE_CHECKING:
+    from edgeport.runtime._method import MethodPlan
+
+__all__ = ["MAX_STEPS", "MethodRunner"]
+
+#: Upper bound on instructions executed in one run of a method with jumps (guards against endless loops).
+MAX_STEPS = 50_000_000
+
+
+class MethodRunner:
+    """Runs a :class:`~edgeport.runtime._method.MethodPlan`; a pool of execution contexts makes concurrent runs
+    safe. With ``time_ops`` set, each run adds its per-op wall time to the plan's profile."""
+
+    def __init__(self, plan: MethodPlan, max_idle_contexts: int = 8) -> None:
+        self.plan = plan
+        self._pool: list[Context] = []
+        self._lock = threading.Lock()
+        self._max_idle = 1 if plan.stateful else max_idle_contexts
+        self._state_lock = threading.Lock()
+        try:  # allocate the first context now, so that unsatisfiable memory fails at load, not mid-run
+            self._pool.append(plan.new_context())
+        except RuntimeExecutionError as exc:
+            raise ProgramError(str(exc)) from exc
+        self.time_ops = False
+
+    def _acquire(self) -> Context:
+        with self._lock:
+            if self._pool:
+                return self._pool.pop()
+        return self.plan.new_context()
+
+    def _release(self, ctx: Context) -> None:
+        with self._lock:
+            if len(self._pool) < self._max_idle:
+                self._pool.append(ctx)
+
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.plan.stateful:
+            # one set of planned memory holds the method's state: runs take turns
+            with self._state_lock:
+                return self._run(inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: Sequence[Any]) -> list[Any]:
+        plan = self.plan
+        if len(inputs) != len(plan.binders):
+            raise RuntimeExecutionError(
+                f"{plan.where}: expected {len(plan.binders)} inputs, got {len(inputs)}")
+        t0 = time.perf_counter()
+        ctx = self._acquire()
+        try:
+            vals = ctx.vals
+            for bind, x in zip(plan.binders, inputs):
+                bind(vals, x)
+            with np.errstate(all="ignore"):
+                for ops, has_jump, labels in plan.chains:
+                    if self.time_ops and not has_jump:
+                        self._run_timed(ops, labels, vals)
+                        continue
+                    if has_jump:
+                        self._run_with_jumps(ops, labels, vals)
+                        continue
+                    i = -1
+                    try:
+                        for i, (fn, get, post) in enumerate(ops):  # noqa: B007 - i names the failing op
+                            r = fn(*get(vals))
+                            if post is not None:
+                                post(vals, r)
+                    except Exception as exc:
+                        raise self._wrap(exc, labels, i) from exc
+            # copies: the context (and its arenas) goes back to the pool for the next run
+            outs = [np.array(vals[i]) if isinstance(vals[i], np.ndarray) else vals[i] for i in plan.output_indices]
+        finally:
+            self._release(ctx)
+        prof = plan.profile
+        prof.runs += 1
+        prof.last_run_seconds = time.perf_counter() - t0
+        return outs
+
+    def _run_timed(self, ops: list[tuple], labels: list[str], vals: list) -> None:
+        prof = self.plan.profile
+        secs, calls = prof.op_seconds, prof.op_calls
+        clock = time.perf_counter
+        i = -1
+        try:
+            for i, (fn, get, post) in enumerate(ops):  # noqa: B007
+                t = clock()
+                r = fn(*get(vals))
+                if post is not None:
+                    post(vals, r)
+                dt = clock() - t
+                label = labels[i]
+                key = label[label.find("(") + 1:-1] if "(" in label else label
+                secs[key] = secs.get(key, 0.0) + dt
+                calls[key] = calls.get(key, 0) + 1
+        except Exception as exc:
+            raise self._wrap(exc, labels, i) from exc
+
+    def _run_with_jumps(self, ops: list[tuple], labels: list[str], vals: list) -> None:
+        pc = 0
+        n = len(ops)
+        steps = 0
+        try:
+            while pc < n:
+                fn, get, post = ops[pc]
+                steps += 1
+                if steps > MAX_STEPS:
+                    raise RuntimeExecutionError(f"ran {MAX_STEPS} instructions without finishing (endless loop?)")
+                if fn is JUMP:
+                    cond = vals[get]
+                    if isinstance(cond, np.ndarray):
+                        cond = bool(cond.reshape(-1)[0]) if cond.size else False
+                    pc = pc + 1 if cond else post
+                    continue
+                r = fn(*get(vals))
+                if post is not None:
+                    post(vals, r)
+                pc += 1
+        except Exception as exc:
+            raise self._wrap(exc, labels, pc) from exc
+
+    def _wrap(self, exc: Exception, labels: list[str], i: int) -> RuntimeExecutionError:
+        where = labels[i] if 0 <= i < len(labels) else "?"
+        if isinstance(exc, RuntimeExecutionError):
+            msg = str(exc)
+        else:
+            msg = f"{type(exc).__name__}: {exc}"
+        return RuntimeExecutionError(f"{self.plan.where} {where}: {msg}")

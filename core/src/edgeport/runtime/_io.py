@@ -1,0 +1,107 @@
+"""Method inputs: a binder per input checks the value given to ``execute`` and puts it into its slot (copied
+into planned memory, or bound as it is when the input is not memory-planned)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edgeport.errors import RuntimeExecutionError
+from edgeport.program import schema as S
+from edgeport.runtime._memory import MemoryLayout
+from edgeport.runtime._values import MethodValues, TensorSpec
+from edgeport.runtime.kernel_utils import resize
+
+__all__ = ["Binder", "input_binders", "to_numpy"]
+
+#: ``bind(vals, x)``: check input ``x`` and store it into the value slots ``vals``
+Binder = Callable[[list, Any], None]
+
+_SCALAR_TYPES: dict[type, type] = {S.Int: int, S.Double: float, S.Bool: bool, S.String: str}
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A numpy view of ``x``: numpy arrays as they are, torch tensors without a copy (torch is never imported)."""
+    if isinstance(x, np.ndarray):
+        return x
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return t.numpy()
+    return np.asarray(x)
+
+
+def input_binders(mv: MethodValues, inputs: list[int], layout: MemoryLayout) -> list[Binder]:
+    """One binder per method input; raises ``ProgramError`` for a value that cannot be an input."""
+    binders: list[Binder] = []
+    for k, idx in enumerate(inputs):
+        kind = mv.kinds[idx]
+        if kind is S.Tensor:
+            sp = mv.specs[idx]
+            if sp.constant is not None:
+                raise mv.err(f"inputs[{k}]: value {idx} is a constant tensor")
+            binders.append(_tensor_binder(f"{mv.where} input {k}", idx, sp, layout))
+        elif kind in _SCALAR_TYPES:
+            binders.append(_scalar_binder(f"{mv.where} input {k}", idx, _SCALAR_TYPES[kind]))
+        elif kind is S.Null:
+            binders.append(lambda vals, x: None)
+        else:
+            raise mv.err(f"inputs[{k}]: value {idx} is a {kind.__name__}, which cannot be a method input")
+    return binders
+
+
+def _tensor_binder(where: str, idx: int, sp: TensorSpec, layout: MemoryLayout) -> Binder:
+    dtype, sizes = sp.dtype, sp.sizes
+
+    def check(a: np.ndarray) -> None:
+        if a.dtype != dtype:
+            raise RuntimeExecutionError(f"{where}: expected dtype {dtype}, got {a.dtype}")
+
+    if sp.mem_id == 0:
+        def bind_unplanned(vals, x):
+            a = to_numpy(x)
+            check(a)
+            if not sp.dynamic and a.shape != sizes:
+                raise RuntimeExecutionError(f"{where}: expected shape {list(sizes)}, got {list(a.shape)}")
+            vals[idx] = a
+
+        return bind_unplanned
+    if not sp.dynamic:
+        def bind_static(vals, x):
+            a = to_numpy(x)
+            check(a)
+            if a.shape != sizes:
+                raise RuntimeExecutionError(f"{where}: expected shape {list(sizes)}, got {list(a.shape)}")
+            np.copyto(vals[idx], a)
+
+        return bind_static
+    cap = layout.capacity[idx]
+
+    def bind_dynamic(vals, x):
+        a = to_numpy(x)
+        check(a)
+        if a.ndim != len(sizes) or any(s > b for s, b in zip(a.shape, sizes)):
+            raise RuntimeExecutionError(
+                f"{where}: shape {list(a.shape)} exceeds the upper bound {list(sizes)} the program was exported with")
+        v = resize(vals[cap], a.shape)
+        np.copyto(v, a)
+        vals[idx] = v
+
+    return bind_dynamic
+
+
+def _scalar_binder(where: str, idx: int, pytype: type) -> Binder:
+    def bind(vals, x):
+        if isinstance(x, np.ndarray) and x.ndim == 0:
+            x = x.item()
+        if pytype is float and isinstance(x, int) and not isinstance(x, bool):
+            x = float(x)
+        if not isinstance(x, pytype) or (pytype is int and isinstance(x, bool)):
+            raise RuntimeExecutionError(f"{where}: expected {pytype.__name__}, got {type(x).__name__}")
+        vals[idx] = x
+
+    return bind
