@@ -78,3 +78,18 @@ def test_dynamic_shape_program_runs_at_several_sizes():
         x, y = torch.randn(2, n), torch.randn(2, n)
         (got,) = method.execute([x, y])
         torch.testing.assert_close(got, torch.relu(x + y) * 3)
+
+
+def test_list_output_ops_split_and_unbind():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            a, b = torch.split(x, [1, 3], dim=1)
+            c, d = torch.unbind(x[:, :2], dim=1)
+            return a * 2, b + 1, c - d
+
+    x = torch.randn(2, 4)
+    buffer = to_edge(torch.export.export(M(), (x,))).to_executorch().buffer
+    program = et_runtime.Runtime.get().load_program(buffer)
+    got = program.load_method("forward").execute([x])
+    for g, want in zip(got, M()(x)):
+        torch.testing.assert_close(g, want)

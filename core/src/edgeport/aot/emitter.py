@@ -179,6 +179,7 @@ class MethodEmitter:
             return
         args: list[int] = []
         outs: list[int] = []
+        list_items: list[int] | None = None
         positional = list(node.args)
         for i, arg in enumerate(schema.arguments):
             if i < len(positional) and not arg.kwarg_only:
@@ -193,10 +194,15 @@ class MethodEmitter:
             args.append(index)
             if arg.alias_info is not None and arg.alias_info.is_write:
                 outs.append(index)
+                if arg.type.kind() == "ListType":  # a Tensor[] out: getitem reads its elements
+                    list_items = [self._node(v) for v in value]
         if op in SCALAR_OPS:
             ret = self._add(S.Int(0))
             args.append(ret)
             self.node_value[node] = ret
+        elif len(outs) == 1 and list_items is not None:
+            args.append(self._add(S.TensorList(list_items)))
+            self.node_value[node] = list_items
         elif len(outs) == 1:
             args.append(outs[0])
             self.node_value[node] = outs[0]

@@ -91,6 +91,18 @@ def to_out_variants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         outs = _out_args(out_op._schema)
         vals = node.meta["val"]
         vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
+        if len(outs) == 1 and outs[0].type.kind() == "ListType":  # one Tensor[] out (split, unbind)
+            kwargs = {k: v for k, v in node.kwargs.items() if k in {a.name for a in out_op._schema.arguments}}
+            with graph.inserting_before(node):
+                allocs = []
+                for val in vals:
+                    a = graph.call_function(alloc, (_alloc_spec(val),))
+                    a.meta["val"] = val
+                    allocs.append(a)
+            kwargs[outs[0].name] = allocs
+            node.target = out_op
+            node.kwargs = kwargs
+            continue
         if len(vals) != len(outs):
             raise UnsupportedOperatorError(
                 f"node {node.name!r}: {node.target} returns {len(vals)} values but {out_op} has {len(outs)} outputs"
@@ -122,11 +134,13 @@ def storage_root(node: torch.fx.Node) -> torch.fx.Node | None:
             return node
         if isinstance(src, torch.fx.Node) and isinstance(src.target, OpOverload):
             outs = _out_args(src.target._schema)
+            if len(outs) == 1 and outs[0].type.kind() == "ListType":
+                return src.kwargs[outs[0].name][node.args[1]]
             if outs:
                 return src.kwargs.get(outs[node.args[1]].name)
         return None
     if isinstance(node.target, OpOverload):
         outs = _out_args(node.target._schema)
-        if len(outs) == 1:
+        if len(outs) == 1 and outs[0].type.kind() != "ListType":
             return node.kwargs.get(outs[0].name)
     return None
