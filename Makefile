@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-all bench lint
+.PHONY: install demo test test-all bench lint docs
 
 install:
 	VENV=$(VENV) bash scripts/install.sh
@@ -21,3 +21,6 @@ bench: install
 
 lint:
 	$(VENV)/bin/ruff check core plugins tests bench scripts
+
+docs: install
+	$(PY) scripts/gen_docs.py

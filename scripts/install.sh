@@ -14,4 +14,4 @@ PIP="$VENV/bin/pip --disable-pip-version-check -q"
 $PIP install "torch==2.13.0"
 $PIP install -e ./core -e ./plugins/example
 # Test tools, the quantization flow, and the test-only oracle (the stock ExecuTorch runtime).
-$PIP install "pytest>=8" "hypothesis>=6" "torchao==0.18.0" "executorch==1.5.1" "torch==2.13.0"
+$PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18.0" "executorch==1.5.1" "torch==2.13.0"
