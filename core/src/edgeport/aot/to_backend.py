@@ -110,8 +110,9 @@ def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> Export
         count += 1
         setattr(gm, attr, lowered)
         _replace_partition(gm.graph, nodes, lowered)
-    gm.graph.eliminate_dead_code()
+    # Users of a partition's outputs may precede its last node: reorder before anything lints the graph.
     stable_toposort(gm.graph)
+    gm.graph.eliminate_dead_code()
     _drop_unused_placeholders(gm.graph, tagged.graph_signature)
     gm.recompile()
     signature = rebuild_signature(gm.graph, tagged.graph_signature)
