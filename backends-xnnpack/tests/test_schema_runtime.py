@@ -178,3 +178,34 @@ def test_runtime_side_imports_no_torch():
 
 def test_invalid_id_constant():
     assert INVALID_ID == 0xFFFFFFFF
+
+
+@needs_xnnpack
+def test_blob_is_not_retained_after_init():
+    _, blob, w, bias = conv_relu_graph()
+    storage = bytearray(blob)
+    view = memoryview(storage)
+    ex = XnnpackExecutor(num_threads=1)
+    h = ex.init(view, [])
+    view.release()  # raises BufferError if the handle still held a view of the blob
+    storage[:] = bytes(len(storage))  # wipe it: XNNPACK packed the weights at init
+    x = np.random.default_rng(2).standard_normal((1, 2, 5, 5), dtype=np.float32)
+    np.testing.assert_allclose(ex.execute(h, [x])[0], reference(x, w, bias), rtol=1e-5, atol=1e-5)
+    ex.destroy(h)
+
+
+def test_missing_library_is_reported(monkeypatch):
+    from edgeport_xnnpack import native
+
+    def fail(names, what):
+        raise OSError(f"cannot load {what}")
+
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_error", None)
+    monkeypatch.setattr(native.Library, "_open", staticmethod(fail))
+    ok, why = native.is_available()
+    assert not ok and "apt-get install -y libxnnpack0 libpthreadpool0" in why
+    ok2, why2 = XnnpackExecutor().is_available()
+    assert (ok2, why2) == (ok, why)
+    with pytest.raises(RuntimeExecutionError, match="libxnnpack0"):
+        XnnpackExecutor().init(memoryview(conv_relu_graph()[1]), [])
