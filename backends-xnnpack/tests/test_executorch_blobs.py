@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import zoo
+import xnn_zoo as zoo
+from xnn_helpers import RTOL, eager, lower_executorch, needs_xnnpack, rel_err
 
-from conftest import RTOL, eager, lower_executorch, needs_xnnpack, rel_err
 from edgeport.errors import ProgramError
 from edgeport.program import load_pte
 from edgeport.testing import models

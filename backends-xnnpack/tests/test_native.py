@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from xnn_helpers import needs_xnnpack
 
-from conftest import needs_xnnpack
 from edgeport_xnnpack import native
 
 pytestmark = needs_xnnpack

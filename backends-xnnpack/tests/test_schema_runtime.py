@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from xnn_helpers import needs_xnnpack
 
-from conftest import needs_xnnpack
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack.runtime import XnnpackExecutor
 from edgeport_xnnpack.schema import ConstantDataOffset, Graph, TensorValue, XNode, read_blob, serialize

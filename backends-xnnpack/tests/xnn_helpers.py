@@ -1,0 +1,61 @@
+"""Helpers of the edgeport-xnnpack tests: lowering with either pipeline, the two runtimes, tolerance checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgeport_xnnpack import native
+
+needs_xnnpack = pytest.mark.skipif(not native.is_available()[0], reason=native.is_available()[1])
+RTOL = 1e-4  # fp32: max |error| relative to the output's scale
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(np.asarray(out) - ref).max() / max(float(np.abs(ref).max()), 1e-12))
+
+
+def eager(model: torch.nn.Module, args: tuple) -> np.ndarray:
+    with torch.no_grad():
+        out = model(*args)
+    return (out if isinstance(out, torch.Tensor) else out[0]).numpy()
+
+
+def lower_edgeport(model: torch.nn.Module, args: tuple, **kwargs):
+    """(EdgeProgramManager, .pte bytes, partitioner) lowered by edgeport with XnnpackPartitioner."""
+    import edgeport
+    from edgeport_xnnpack import XnnpackPartitioner
+
+    partitioner = XnnpackPartitioner(**kwargs)
+    edge = edgeport.to_edge_transform_and_lower(torch.export.export(model, args), partitioner=[partitioner])
+    return edge, edge.to_executorch().buffer, partitioner
+
+
+def lower_executorch(model: torch.nn.Module, args: tuple) -> bytes:
+    """A .pte lowered by ExecuTorch's own XNNPACK partitioner (test-only oracle)."""
+    pytest.importorskip("executorch")
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(model, args)
+    return to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+
+def run_edgeport(buffer: bytes, args: tuple) -> np.ndarray:
+    from edgeport.runtime import Runtime
+
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    return method.execute([a.numpy() for a in args])[0]
+
+
+def run_executorch(buffer: bytes, args: tuple) -> np.ndarray:
+    pytest.importorskip("executorch")
+    from executorch.runtime import Runtime
+
+    return Runtime.get().load_program(buffer).load_method("forward").execute(list(args))[0].numpy()
+
+
+def delegate_count(edge, backend_id: str = "XnnpackBackend") -> int:
+    graph = edge.exported_program().graph
+    return sum(1 for n in graph.nodes if n.meta.get("delegate_backend") == backend_id)
