@@ -196,6 +196,8 @@ class _Planner:
                     producer[o] = gi
         crossing: set[int] = set(outputs)
         for gi, (nat, nodes) in enumerate(groups):
+            if not nat:  # a host step writes into a buffer even when nothing reads it
+                crossing.update(o for n in nodes for o in n.outputs())
             for n in nodes:
                 for vid in n.inputs():
                     if vid in producer and producer[vid] != gi:
