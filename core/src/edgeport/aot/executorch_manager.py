@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import operator
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,7 +80,12 @@ def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfi
         where = f"method {method!r}, node {root.name!r}"
         shape = tuple(_upper_bound(d, where) for d in val.shape)
         dynamic = any(not isinstance(d, int) for d in val.shape)
-        start = 0 if root.op == "placeholder" else index[root]
+        if root.op == "placeholder":
+            start = 0
+        elif root.target is operator.getitem:  # a delegate output: written when the delegate call runs
+            start = index[root.args[0]]
+        else:
+            start = index[root]
         end = start
         for alias in aliases:
             for user in alias.users:
