@@ -20,7 +20,7 @@ bench: install
 	$(PY) bench/lowering.py
 
 lint:
-	$(VENV)/bin/ruff check core plugins tests bench scripts
+	$(VENV)/bin/ruff check core plugins backends-xnnpack tests bench scripts
 
 docs: install
 	$(PY) scripts/gen_docs.py

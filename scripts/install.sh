@@ -6,12 +6,23 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
+# System libraries of the XNNPACK backend (Debian packages; root, or sudo when available).
+need_apt=0
+for pkg in libxnnpack0 libpthreadpool0; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt=1
+done
+if [ "$need_apt" = 1 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q libxnnpack0 libpthreadpool0
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PIP="$VENV/bin/pip --disable-pip-version-check -q"
 # torch first and pinned: the CPU wheel of 2.13.0 (any other version would pull CUDA packages).
 $PIP install "torch==2.13.0"
-$PIP install -e ./core -e ./plugins/example
+$PIP install -e ./core -e ./plugins/example -e ./backends-xnnpack
 # Test tools, the quantization flow, and the test-only oracle (the stock ExecuTorch runtime).
 $PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18.0" "executorch==1.5.1" "torch==2.13.0"
