@@ -142,8 +142,6 @@ def test_imagenet_models_fully_delegated_on_both_runtimes(build):
 
 @pytest.mark.slow
 @pytest.mark.executorch
-@pytest.mark.xfail(strict=False, reason="edgeport core memory planning gives the outputs of a multi-output "
-                   "delegate call one arena offset once to_backend has reordered the graph")
 def test_transformer_encoder_layer_on_both_runtimes():
     model, args = zoo.transformer_encoder()
     edge, buffer, partitioner = lower_edgeport(model, args)

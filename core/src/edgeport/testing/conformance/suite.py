@@ -155,6 +155,8 @@ class BackendConformance:
             if not name.startswith("test_"):
                 continue
             params = set(inspect.signature(fn).parameters)
+            if "lowered" in params:  # the ``lowered`` fixture is parametrized through ``case``
+                params.add("case")
             for argname in cls._PARAMETRIZED:
                 if argname in params:
                     ids += [f"{name}[{pid}]" for pid, _, _ in cls._params_of(argname)]
