@@ -4,11 +4,19 @@ Torch-free: constraints read only ``node.args``/``node.kwargs`` and ``meta["val"
 supported by ExecuTorch's XNNPACK delegate runtime (so edgeport-lowered programs run there). On edgeport's
 runtime most run natively in this libXNNPACK; the ones marked *host* in ``notes`` (XNNPACK 2022 has no such
 node) run as numpy steps inside the delegate. Static shapes only; at most 6 dimensions; float32.
+
+Quantized graphs (``XnnpackQuantizer`` + torchao's ``convert_pt2e``): the ``quantized_decomposed`` quantize /
+dequantize ops are claimed too (int8, :data:`QUANTIZED_CAPABILITIES`; the partitioner uses
+:data:`ALL_CAPABILITIES`). Preprocess turns ``dequantize -> op -> quantize`` patterns around
+convolution, linear, add/sub/mul, max/global-average pooling, reshape and clamp into XNNPACK's int8 nodes and
+the remaining quantize / dequantize nodes into ``XNNConvert`` nodes, so the float ops stay claimed as float32.
 """
 
 from __future__ import annotations
 
+import importlib
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -228,6 +236,50 @@ def _square(node: Any) -> str | None:
     return None if node.args[1] == 2 else f"exponent {node.args[1]} (only 2, as square)"
 
 
+_QUANT_DTYPES = {"torch.int8": (-128, 127)}
+
+
+def _qparams(node: Any) -> str | None:
+    """Checks the (scale, zero_point, quant_min, quant_max, dtype) arguments of a per-tensor (de)quantize."""
+    names = ("scale", "zero_point", "quant_min", "quant_max", "dtype")
+    vals = [arg(node, 1 + i, n) for i, n in enumerate(names)]
+    scale, zp, qmin, qmax, dtype = vals
+    if str(dtype) not in _QUANT_DTYPES:
+        return f"quantized dtype {dtype} (only int8)"
+    lo, hi = _QUANT_DTYPES[str(dtype)]
+    if not (isinstance(qmin, int) and isinstance(qmax, int) and lo <= qmin < qmax <= hi):
+        return f"quant range [{qmin}, {qmax}] outside [{lo}, {hi}]"
+    if _is_node(scale) or _is_node(zp):
+        return "scale / zero point given as tensors"
+    if not (isinstance(scale, float) and scale > 0 and scale < float("inf")):
+        return f"scale {scale!r} is not a positive float"
+    if not (isinstance(zp, int) and lo <= zp <= hi):
+        return f"zero point {zp!r} outside [{lo}, {hi}]"
+    return None
+
+
+def _quantize(node: Any) -> str | None:
+    why = _qparams(node)
+    if why:
+        return why
+    for user in node.users:
+        if getattr(user, "op", None) != "call_function" or "dequantize_per_tensor" not in str(user.target):
+            return f"quantized value used by {getattr(user, 'name', user)} (not a dequantize): the delegate " \
+                   "would output int8"
+    return None
+
+
+def _dequantize(node: Any) -> str | None:
+    return _qparams(node)
+
+
+def _dequantize_per_channel(node: Any) -> str | None:
+    dtype = arg(node, 6, "dtype")
+    if str(dtype) not in _QUANT_DTYPES:
+        return f"quantized dtype {dtype} (only int8)"
+    return None
+
+
 def _cap(op: str, *checks: Callable[[Any], str | None], notes: str = "") -> OpCapability:
     return OpCapability(op, _F32, constraint=_all(*checks), notes=notes)
 
@@ -280,6 +332,38 @@ CAPABILITIES = CapabilityTable((
 ))
 
 
+# The quantize / dequantize rows (int8), in a table of their own: ``CAPABILITIES`` (what ``capabilities()``
+# registers) holds the float32 core ATen ops; XnnpackPartitioner uses both (``ALL_CAPABILITIES``).
+QUANTIZED_CAPABILITIES = CapabilityTable((
+    OpCapability("quantized_decomposed.quantize_per_tensor.default", ("float32", "int8"),
+                 constraint=_all(_quantize), notes="int8; absorbed into the int8 node before it, else "
+                 "XNNConvert (float32 -> qint8); every user must be a dequantize"),
+    OpCapability("quantized_decomposed.dequantize_per_tensor.default", ("int8", "float32"),
+                 constraint=_all(_dequantize), notes="int8, of a delegated quantize or a constant; absorbed into "
+                 "the int8 nodes reading it, else XNNConvert (qint8 -> float32)"),
+    OpCapability("quantized_decomposed.dequantize_per_channel.default",
+                 ("int8", "float32", "float64", "int32", "int64"), constraint=_all(_dequantize_per_channel),
+                 notes="int8 constant weights (qcint8 filter of an int8 convolution / linear, else folded to "
+                 "float32)"),
+))
+ALL_CAPABILITIES = CapabilityTable((*CAPABILITIES.ops, *QUANTIZED_CAPABILITIES.ops))
+
+
+def register_quantized_ops() -> None:
+    """Define the ``quantized_decomposed`` ops the table names, when torch is already imported.
+
+    torch defines them in ``torch.ao.quantization.fx._decomposed``, which only quantization code imports; a
+    reader that resolves the table's names to overloads needs them. Never imports torch itself, so this module
+    stays torch-free for torch-free callers.
+    """
+    if "torch" in sys.modules:
+        try:
+            importlib.import_module("torch.ao.quantization.fx._decomposed")
+        except ImportError:  # pragma: no cover - a torch without the quantized_decomposed library
+            pass
+
+
 def capabilities() -> CapabilityTable:
-    """The table (the factory ``BackendSpec.capabilities`` expects)."""
+    """The float32 table (the factory ``BackendSpec.capabilities`` expects; the docs' op table and the
+    conformance suite read it). The quantize / dequantize rows are documented in the docs' Quantization section."""
     return CAPABILITIES

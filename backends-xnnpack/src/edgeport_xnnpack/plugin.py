@@ -1,7 +1,8 @@
 """edgeport plugin module of XnnpackBackend: hook implementations only.
 
-Registration imports neither torch nor libXNNPACK: the partitioner and ``preprocess`` (torch) load when first
-used, the native library when an executor checks availability or initializes a delegate.
+Registration imports neither torch nor libXNNPACK: the partitioner and ``preprocess`` (torch) and the quantizer
+(torchao) load when first used, the native library when an executor checks availability or initializes a
+delegate.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def _executor() -> Any:
     return XnnpackExecutor()
 
 
+def _int8_quantizer(**options: Any) -> Any:
+    """``XnnpackQuantizer(**options)``: static int8 (imports torchao on first use)."""
+    from edgeport_xnnpack.quantizer import XnnpackQuantizer
+
+    return XnnpackQuantizer(**options)
+
+
 def _is_available() -> tuple[bool, str]:
     from edgeport_xnnpack.native import is_available
 
@@ -48,6 +56,7 @@ def edgeport_register_backends(registry: Any) -> None:
             preprocess=_preprocess,
             partitioner=_partitioner,
             executor=_executor,
+            quantizers={"int8": _int8_quantizer},
             capabilities=capabilities,
             compile_options=XnnpackCompileOptions,
             is_available=_is_available,

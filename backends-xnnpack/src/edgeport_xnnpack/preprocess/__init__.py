@@ -6,6 +6,10 @@ with constant statistics is marked for folding: the batch norm's lowering emits 
 folded weights. Nodes whose tensor inputs are all constants are evaluated here (constant folding, e.g. the
 ``permute_copy`` of a Linear weight). Getitems of multi-output ops (batch norm, max pool with indices) alias
 output 0.
+
+Quantized partitions: :class:`~edgeport_xnnpack.preprocess.quantized.QuantPlan` picks the ops lowered in int8
+before the loop (see :mod:`edgeport_xnnpack.preprocess.quantized`); it lowers them (and skips the quantize /
+dequantize nodes they absorb) ahead of constant folding and the float lowerings.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
+from edgeport_xnnpack.preprocess.quantized import QuantPlan
 from edgeport_xnnpack.preprocess.registry import LOWERINGS
 from edgeport_xnnpack.schema.writer import serialize
 
@@ -103,6 +108,7 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
         elif node.op == "get_attr":
             b.constants[node] = getattr(ep.graph_module, node.target)
     b.fold = _fold_plan(ep.graph, b)
+    quant = b.quant_plan = QuantPlan(ep.graph, b)
     deferred = set(b.fold)
     for node in ep.graph.nodes:
         if node.op != "call_function" or node in deferred:
@@ -112,6 +118,8 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
             if index != 0 or src not in b.env:
                 raise LoweringError(f"{node.name}: only output 0 of {getattr(src, 'name', src)} is supported")
             b.set(node, b.env[src])
+            continue
+        if quant.lower(node):
             continue
         if _fold_constant(b, node):
             continue
