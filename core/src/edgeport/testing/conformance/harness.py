@@ -74,6 +74,8 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     if len(parts) != 3:
         raise ValueError(f"op name {name!r} must look like 'namespace.op.overload' (e.g. 'aten.add.Tensor')")
     namespace, op, overload = parts
+    if namespace == "quantized_decomposed":  # torch registers these ops only when this module is imported
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
         return getattr(packet, overload)
