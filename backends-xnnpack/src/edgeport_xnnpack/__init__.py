@@ -1,6 +1,7 @@
 """edgeport-xnnpack: ``XnnpackBackend``, a CPU delegate running the real XNNPACK library.
 
-Torch-free on import. ``XnnpackPartitioner`` and ``preprocess`` (which need torch) load on first access.
+Torch-free on import. ``XnnpackPartitioner``, ``XnnpackQuantizer`` and ``preprocess`` (which need torch) load on
+first access.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ _LAZY = {
     "XnnpackPartitioner": "edgeport_xnnpack.partitioner",
     "preprocess": "edgeport_xnnpack.preprocess",
     "XnnpackExecutor": "edgeport_xnnpack.runtime",
+    "XnnpackQuantizer": "edgeport_xnnpack.quantizer",
     "is_available": "edgeport_xnnpack.native",
 }
 
@@ -35,6 +37,7 @@ __all__ = [
     "XnnpackCompileOptions",
     "XnnpackExecutor",
     "XnnpackPartitioner",
+    "XnnpackQuantizer",
     "__version__",
     "is_available",
     "preprocess",
