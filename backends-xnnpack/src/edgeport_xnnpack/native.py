@@ -35,7 +35,9 @@ __all__ = [
     "MAX_TENSOR_DIMS",
     "Runtime",
     "Subgraph",
+    "SharedPools",
     "ThreadPool",
+    "shared_pools",
     "XnnpackError",
     "is_available",
     "library",
@@ -278,6 +280,48 @@ class ThreadPool:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class SharedPools:
+    """Process-wide thread pools, one per thread count, shared by every delegate that asks for that count.
+
+    One pool per delegate would leave a program with many delegates (a transformer: 12) with as many sets of
+    spinning worker threads competing for the same cores; measured in ``bench/xnnpack.py`` that made a 12-delegate
+    encoder ~19x slower than with one shared pool. pthreadpool serializes concurrent ``parallelize`` calls on one
+    pool, so sharing is safe. Pools are reference counted and destroyed when their last user releases them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[int, tuple[ThreadPool, int]] = {}
+
+    def acquire(self, num_threads: int | None) -> ThreadPool:
+        n = default_num_threads() if num_threads is None else num_threads
+        with self._lock:
+            pool, users = self._pools.get(n, (None, 0))
+            if pool is None:
+                pool = ThreadPool(n)
+            self._pools[n] = (pool, users + 1)
+            return pool
+
+    def release(self, pool: ThreadPool) -> None:
+        with self._lock:
+            entry = self._pools.get(pool.num_threads)
+            if entry is None or entry[0] is not pool:
+                pool.close()
+                return
+            if entry[1] <= 1:
+                del self._pools[pool.num_threads]
+                pool.close()
+            else:
+                self._pools[pool.num_threads] = (pool, entry[1] - 1)
+
+    def users(self, num_threads: int) -> int:
+        with self._lock:
+            return self._pools.get(num_threads, (None, 0))[1]
+
+
+shared_pools = SharedPools()
 
 
 class Subgraph:

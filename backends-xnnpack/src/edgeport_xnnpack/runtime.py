@@ -312,12 +312,12 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     inputs, outputs = planner.check_values()
     planner.check_nodes(inputs)
     threads = num_threads or options.num_threads
-    pool = native.ThreadPool(threads) if threads != 1 else None
+    pool = native.shared_pools.acquire(threads) if threads != 1 else None
     try:
         steps, buffers = planner.plan(inputs, outputs, pool)
     except BaseException:
         if pool is not None:
-            pool.close()
+            native.shared_pools.release(pool)
         raise
     summary = {"native_steps": sum(isinstance(s, _Native) for s in steps),
                "host_steps": sum(isinstance(s, _Host) for s in steps), "nodes": len(graph.nodes)}
@@ -376,5 +376,5 @@ class XnnpackExecutor(RuntimeExecutor):
                 step.runtime.close()
         handle.steps, handle.buffers = [], {}
         if handle.pool is not None:
-            handle.pool.close()
+            native.shared_pools.release(handle.pool)
             handle.pool = None

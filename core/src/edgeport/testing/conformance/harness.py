@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import copy
 import dataclasses
 import operator
@@ -75,7 +77,7 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
         raise ValueError(f"op name {name!r} must look like 'namespace.op.overload' (e.g. 'aten.add.Tensor')")
     namespace, op, overload = parts
     if namespace == "quantized_decomposed":  # torch registers these ops only when this module is imported
-        import torch.ao.quantization.fx._decomposed  # noqa: F401
+        importlib.import_module("torch.ao.quantization.fx._decomposed")
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
         return getattr(packet, overload)
