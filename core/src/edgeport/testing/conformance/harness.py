@@ -11,10 +11,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import copy
 import dataclasses
+import importlib
 import operator
 import re
 import struct
