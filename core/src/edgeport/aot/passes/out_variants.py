@@ -38,7 +38,7 @@ def _signature(schema: torch._C.FunctionSchema, *, drop_creation: bool = False) 
     return [
         (a.name, str(a.type))
         for a in schema.arguments
-        if not (a.alias_info and a.alias_info.is_write)
+        if not (a.kwarg_only and a.alias_info and a.alias_info.is_write)
         and not (drop_creation and a.kwarg_only and a.name in CREATION_KWARGS)
     ]
 

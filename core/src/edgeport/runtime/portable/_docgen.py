@@ -60,24 +60,23 @@ def _candidates(name: str, overload: str) -> list[str]:
 
 
 def _exact(name: str, overload: str) -> list[str]:
-    """The operator ExecuTorch's own out-variant conversion picks (when executorch is importable)."""
+    """The operator edgeport's out-variant conversion (what the emitter writes) picks for ``aten.name.overload``."""
     import torch
+
+    from edgeport.aot.passes.out_variants import out_variant
+    from edgeport.errors import UnsupportedOperatorError
 
     key = f"{name}.{overload}"
     if key in _REPLACED:
         return _REPLACED[key]
-    try:
-        from executorch.exir.operator.convert import to_out_variant
-    except ImportError:
-        return []
     base = _VIEW_COPY.get(name, name)
     try:
         op = getattr(getattr(torch.ops.aten, base), overload)
-        out = to_out_variant(op)[0]
-    except Exception as exc:  # noqa: BLE001
-        if "Missing out variant" in str(exc):  # sym ops, _local_scalar_dense: the op itself runs
-            return [f"aten::{base}.{overload}", f"aten::{base}"]
-        return []  # ExecuTorch's lookup failed: fall back to the naming conventions
+        out = out_variant(op)
+    except UnsupportedOperatorError:  # sym ops, _local_scalar_dense: the op itself runs
+        return [f"aten::{base}.{overload}", f"aten::{base}"]
+    except Exception:  # noqa: BLE001 - no such overload: fall back to the naming conventions
+        return []
     return [f"aten::{base}.{out._overloadname}"]
 
 
