@@ -98,17 +98,20 @@ def _randomize_bn(model: Any) -> None:
                 m.bias.uniform_(-0.2, 0.2)
 
 
+def conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1, act: bool = True) -> Any:
+    """Conv2d (no bias, "same" padding for odd ``k``) + BatchNorm2d (+ ReLU6): MobileNetV2's building block."""
+    nn = _torch().nn
+    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    if act:
+        layers.append(nn.ReLU6())
+    return nn.Sequential(*layers)
+
+
 def mobilenet_v2_style(seed: int = 0, resolution: int = 32) -> tuple[Any, tuple[Any, ...]]:
     """A reduced MobileNetV2: stem, inverted residual blocks (expand, depthwise, project, ReLU6), head."""
     torch = _torch()
     torch.manual_seed(seed)
     nn = torch.nn
-
-    def conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1, act: bool = True) -> Any:
-        layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
-        if act:
-            layers.append(nn.ReLU6())
-        return nn.Sequential(*layers)
 
     class InvertedResidual(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeport.testing.models import _randomize_bn, _torch
+from edgeport.testing.models import _randomize_bn, _torch, conv_bn
 
 # expansion t, output channels c, repeats n, first stride s
 MOBILENET_V2_SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
@@ -21,12 +21,6 @@ def mobilenet_v2(seed: int = 0, resolution: int = 224, num_classes: int = 1000) 
     torch = _torch()
     nn = torch.nn
     torch.manual_seed(seed)
-
-    def conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1, act: bool = True) -> Any:
-        layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
-        if act:
-            layers.append(nn.ReLU6(inplace=True))
-        return nn.Sequential(*layers)
 
     class InvertedResidual(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
