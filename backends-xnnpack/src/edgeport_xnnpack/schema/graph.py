@@ -17,6 +17,7 @@ ACCEPTED_IDENTIFIERS = (b"XN00", b"XN01")
 
 # datatype enum (same numbers as xnnpack.h's enum xnn_datatype)
 FP32, FP16, QINT8, QUINT8, QINT32, QCINT8, QCINT32 = 1, 2, 3, 4, 5, 6, 7
+QDINT8 = 9  # int8 quantized at run time, one scale / zero point per row (dynamic quantization)
 
 # Table layouts: field name -> scalar kind, in vtable slot order. Kinds: u32, i32, f32, [u32], [f32].
 _NODE2x1 = (("input1_id", "u32"), ("input2_id", "u32"), ("output_id", "u32"), ("flags", "u32"))
@@ -109,6 +110,13 @@ class PerChannelQuant:
 
 
 @dataclass
+class PerTokenDynamicQuant:
+    """Parameters computed at run time for each row: the trailing ``num_nonbatch_dims`` dims form a row."""
+
+    num_nonbatch_dims: int = 1
+
+
+@dataclass
 class TensorValue:
     """An ``XNNTensorValue`` (or, with ``quant``, an ``XNNQuantizedTensorValue``)."""
 
@@ -119,7 +127,7 @@ class TensorValue:
     external_id: int = INVALID_ID
     flags: int = 0
     dq_datatype: int = 0
-    quant: PerTensorQuant | PerChannelQuant | None = None
+    quant: PerTensorQuant | PerChannelQuant | PerTokenDynamicQuant | None = None
     quant_kind: int = 0  # union type of unsupported quant params read from a blob (0 = none / known)
 
 

@@ -16,6 +16,7 @@ from edgeport_xnnpack.schema.graph import (
     Graph,
     PerChannelQuant,
     PerTensorQuant,
+    PerTokenDynamicQuant,
     TensorValue,
     XNode,
     node_layout,
@@ -154,6 +155,8 @@ def _value(t: _Table, what: str) -> TensorValue:
     q = body.table(2, f"{what}.quant_params")
     if q is not None and qkind == 2:
         value.quant = PerTensorQuant(q.scalar(0, "f", 0.0), q.scalar(1, "i"))
+    elif q is not None and qkind == 3:
+        value.quant = PerTokenDynamicQuant(q.scalar(0, "i"))
     elif q is not None and qkind == 1:
         value.quant = PerChannelQuant(q.scalars(0, "f", f"{what}.scale") or [], q.scalar(1, "i"),
                                       q.scalar(2, "I"), q.scalar(3, "I"))

@@ -30,6 +30,7 @@ from edgeport_xnnpack.schema.graph import (
     Graph,
     PerChannelQuant,
     PerTensorQuant,
+    PerTokenDynamicQuant,
     TensorValue,
     XNode,
     node_layout,
@@ -74,7 +75,11 @@ def _tensor_value(b: flatbuffers.Builder, v: TensorValue) -> int:
     return b.EndObject()
 
 
-def _quant(b: flatbuffers.Builder, q: PerTensorQuant | PerChannelQuant) -> tuple[int, int]:
+def _quant(b: flatbuffers.Builder, q: PerTensorQuant | PerChannelQuant | PerTokenDynamicQuant) -> tuple[int, int]:
+    if isinstance(q, PerTokenDynamicQuant):
+        b.StartObject(1)
+        b.PrependInt32Slot(0, q.num_nonbatch_dims, 0)
+        return 3, b.EndObject()
     if isinstance(q, PerTensorQuant):
         b.StartObject(2)
         b.PrependFloat32Slot(0, q.scale, 0.0)
