@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from edgeport.aot.delegate_op import CALL_DELEGATE, lookup_lowered_module
-from edgeport.aot.passes.out_variants import SCALAR_OPS, alloc
+from edgeport.aot.passes.out_variants import SCALAR_OPS, alloc, executorch_name
 from edgeport.backend import PORTABLE_FALLBACK_SPEC
 from edgeport.errors import SerializationError, UnsupportedOperatorError
 from edgeport.program import schema as S
@@ -209,7 +209,7 @@ class MethodEmitter:
         else:
             args.append(self._add(S.TensorList(outs)))
             self.node_value[node] = outs
-        name, overload = schema.name, schema.overload_name or "default"
+        name, overload = executorch_name(schema), schema.overload_name or "default"
         self._kernel(name, overload, args)
 
     def _emit_to_copy(self, node: torch.fx.Node) -> None:

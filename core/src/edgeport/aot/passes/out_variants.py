@@ -20,6 +20,86 @@ from edgeport.errors import UnsupportedOperatorError
 # Ops that stay as they are: they compute sizes (symbolic ints), not tensors.
 SCALAR_OPS: frozenset[object] = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default})
 
+# Out variants of the ``quantized_decomposed`` ops that torch defines only functionally. The schemas are those of
+# ExecuTorch's quantized kernel library (``kernels/quantized/quantized.yaml``), keyed by the functional overload
+# they replace. edgeport defines them in a namespace of its own: defining them in ``quantized_decomposed`` would
+# clash with ExecuTorch's AOT library, which aborts the process when it is loaded after them. The emitter writes
+# them under ExecuTorch's names (:func:`executorch_name`).
+QUANTIZED_NAMESPACE = "edgeport_quantized"
+_QUANTIZED_OUTS: dict[str, str] = {
+    "quantize_per_tensor.default": "quantize_per_tensor.out(Tensor input, float scale, int zero_point, "
+    "int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)",
+    "quantize_per_tensor.tensor": "quantize_per_tensor.Tensor_out(Tensor input, Tensor scale, Tensor zero_point, "
+    "int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)",
+    "dequantize_per_tensor.default": "dequantize_per_tensor.out(Tensor input, float scale, int zero_point, "
+    "int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, Tensor(a!) out) -> Tensor(a!)",
+    "dequantize_per_tensor.tensor": "dequantize_per_tensor.Tensor_out(Tensor input, Tensor scale, "
+    "Tensor zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, "
+    "Tensor(a!) out) -> Tensor(a!)",
+    "quantize_per_channel.default": "quantize_per_channel.out(Tensor input, Tensor scales, Tensor zero_points, "
+    "int axis, int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)",
+    "dequantize_per_channel.default": "dequantize_per_channel.out(Tensor input, Tensor scales, "
+    "Tensor? zero_points, int axis, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, "
+    "Tensor(a!) out) -> Tensor(a!)",
+    "choose_qparams.tensor": "choose_qparams.Tensor_out(Tensor input, int quant_min, int quant_max, float eps, "
+    "ScalarType dtype, *, Tensor(a!) scale_out, Tensor(b!) zero_point_out) -> (Tensor(a!), Tensor(b!))",
+}
+#: torch op namespace -> the namespace of its out variants defined by edgeport
+_OUT_NAMESPACES = {"quantized_decomposed": QUANTIZED_NAMESPACE}
+#: namespace of an edgeport-defined out variant -> the namespace ExecuTorch's runtime registers it under
+EMITTED_NAMESPACES = {QUANTIZED_NAMESPACE: "quantized_decomposed"}
+
+
+def executorch_name(schema: torch._C.FunctionSchema) -> str:
+    """The operator name a program calls for ``schema`` (``"quantized_decomposed::quantize_per_tensor"``)."""
+    ns, _, name = schema.name.partition("::")
+    return f"{EMITTED_NAMESPACES.get(ns, ns)}::{name}"
+
+
+def _reference_out(functional: str, out_names: list[str]) -> object:
+    """A torch implementation of an out variant: the functional op, copied into the out tensors."""
+
+    def run(*args: object, **kwargs: object) -> object:
+        import torch.ao.quantization.fx._decomposed  # noqa: F401 - defines torch.ops.quantized_decomposed
+
+        outs = [kwargs.pop(name) for name in out_names]
+        packet, _, overload = functional.partition(".")
+        result = getattr(getattr(torch.ops.quantized_decomposed, packet), overload)(*args, **kwargs)
+        results = result if isinstance(result, tuple) else (result,)
+        for out, value in zip(outs, results):
+            out.resize_(value.shape).copy_(value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return run
+
+
+@functools.cache
+def _quantized_library() -> torch.library.Library:
+    """Define edgeport's ``quantized_decomposed`` out variants (once; the library must stay alive)."""
+    lib = torch.library.Library(QUANTIZED_NAMESPACE, "FRAGMENT")
+    for functional, schema in _QUANTIZED_OUTS.items():
+        name = schema.split("(", 1)[0]
+        packet_name, _, overload = name.partition(".")
+        packet = getattr(getattr(torch.ops, QUANTIZED_NAMESPACE), packet_name, None)
+        if packet is not None and overload in packet.overloads():
+            continue  # defined by an earlier copy of this module
+        lib.define(schema)
+        outs = [a.name for a in _out_args(torch._C.parse_schema(f"{QUANTIZED_NAMESPACE}::{schema}"))]
+        lib.impl(name, _reference_out(functional, outs), "CompositeExplicitAutograd")
+    return lib
+
+
+def _out_packets(op: OpOverload) -> list[object]:
+    """Overload packets to look for ``op``'s out variant in: its own, then edgeport's for its namespace."""
+    packets: list[object] = [op.overloadpacket]
+    namespace = _OUT_NAMESPACES.get(op.namespace)
+    if namespace is not None:
+        _quantized_library()
+        packet = getattr(getattr(torch.ops, namespace), op._schema.name.partition("::")[2], None)
+        if packet is not None:
+            packets.append(packet)
+    return packets
+
 
 def alloc(spec: object) -> None:
     """Graph marker for a planned tensor: ``spec`` is ``(shape, dtype)``. Never executed."""
@@ -51,14 +131,17 @@ def out_variant(op: OpOverload) -> OpOverload:
     want = _signature(op._schema)
     loose = _signature(op._schema, drop_creation=True)
     candidates = []
-    for name in op.overloadpacket.overloads():
-        overload = getattr(op.overloadpacket, name)
-        schema = overload._schema
-        outs = _out_args(schema)
-        if not outs or len(outs) != max(1, len(op._schema.returns)):
-            continue
-        if _signature(schema) in (want, loose):
-            candidates.append(overload)
+    for packet in _out_packets(op):
+        for name in packet.overloads():
+            overload = getattr(packet, name)
+            schema = overload._schema
+            outs = _out_args(schema)
+            if not outs or len(outs) != max(1, len(op._schema.returns)):
+                continue
+            if _signature(schema) in (want, loose):
+                candidates.append(overload)
+        if candidates:
+            break
     if not candidates:
         raise UnsupportedOperatorError(
             f"operator {op} has no out-variant overload, so it can run neither in a delegate nor as a portable "

@@ -6,7 +6,7 @@ documented in :mod:`edgeport.runtime.kernel_utils`. :mod:`edgeport.runtime.porta
 
 from __future__ import annotations
 
-from edgeport.runtime.portable import elementwise, extra, factory, linalg, nn, prim, reduce, shape  # noqa: F401
+from edgeport.runtime.portable import elementwise, extra, factory, linalg, nn, prim, quantized, reduce, shape  # noqa: F401
 from edgeport.runtime.portable._common import KERNELS
 
 LIBRARY = "portable"
