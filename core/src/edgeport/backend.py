@@ -123,6 +123,11 @@ class RuntimeExecutor:
     ``execute`` takes the handle and a list of numpy arrays and returns a list of numpy arrays; ``destroy``
     releases the handle. It is called once per delegate at method load, not per run.
 
+    ``execute`` must not write its inputs: they may be the caller's own arrays (a method input that only
+    delegates read is passed as given, without a copy), read-only, or views into planned memory. An input has
+    the dtype and shape the program declares but need not be C-contiguous or aligned (copy it, e.g. with
+    ``np.ascontiguousarray``, when the library needs that).
+
     Optional parts the runtime honours:
 
     * ``init(processed, compile_specs, named_data=lookup)`` — when ``init`` accepts ``named_data``, it gets a
@@ -130,7 +135,16 @@ class RuntimeExecutor:
     * ``num_outputs(handle) -> int`` — how many trailing arguments of the delegate call are outputs (otherwise
       the runtime infers it from what the program defines);
     * ``thread_safe = True`` — ``execute`` may run concurrently on one handle (otherwise calls are serialized
-      under a per-delegate lock).
+      under a per-delegate lock);
+    * ``execute(handle, inputs, out=outs)`` — destination passing. When ``execute`` declares a parameter named
+      ``out`` (a bare ``**kwargs`` does not count), every call passes ``outs``, a list with one entry per
+      delegate output: the array the runtime planned for that output in the current run (writable,
+      C-contiguous, of the declared dtype and shape, sharing no memory with any input or other output of the
+      call), or ``None`` where the output is not a statically planned tensor (dynamic shape, not planned, not a
+      tensor) or where writing it directly would not be safe. The executor writes each result into its given
+      array and returns that same object in its place (the runtime then copies nothing); for a ``None`` entry
+      it returns a fresh array as usual. Returning another array for a given entry is allowed (it is copied in,
+      after a shape check). The arrays belong to the runtime: do not keep them past the call.
     """
 
     thread_safe: bool = False
@@ -141,7 +155,7 @@ class RuntimeExecutor:
     def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec]) -> Any:
         raise NotImplementedError
 
-    def execute(self, handle: Any, inputs: Sequence[Any]) -> list[Any]:
+    def execute(self, handle: Any, inputs: Sequence[Any]) -> list[Any]:  # optionally: out=None (see above)
         raise NotImplementedError
 
     def destroy(self, handle: Any) -> None:

@@ -56,6 +56,9 @@ class ChainCompiler:
     def __init__(self, mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
                  layout: MemoryLayout, delegates: list[Delegate]) -> None:
         self.mv, self.plan, self.analysis, self.layout, self.delegates = mv, plan, analysis, layout, delegates
+        #: tensors some delegate call reads / writes (filled by :meth:`compile`)
+        self.delegate_inputs: set[int] = set()
+        self.delegate_outputs: set[int] = set()
         #: list values over slots a run rewrites: value index -> (list kind, items)
         self.dynamic_lists: dict[int, tuple[str, list[int]]] = {}
         for i, ev in enumerate(mv.values):
@@ -211,6 +214,8 @@ class ChainCompiler:
         args = list(a.args)
         n_out = self._delegate_num_outputs(ci, ii, a, delegate)
         in_idx, out_idx = args[: len(args) - n_out], args[len(args) - n_out:]
+        self.delegate_inputs.update(t for i in in_idx for t in [i, *self.mv.tensor_items(i)])
+        self.delegate_outputs.update(t for i in out_idx for t in [i, *self.mv.tensor_items(i)])
         targets = []
         for o in out_idx:
             sp = self.mv.specs.get(o)
@@ -224,34 +229,36 @@ class ChainCompiler:
                 targets.append(("static", o, sp))
         where = f"delegate {a.delegate_index} ({delegate.backend_id})"
         executor, handle, lock = delegate.executor, delegate.handle, delegate.lock
+        get_in = getter(in_idx)
 
         if delegate.kind == "fallback":
             runner = executor
 
-            def call(inputs):
-                return runner.run(inputs)
+            def call(vals):
+                return runner.run(list(get_in(vals)))
+        elif delegate.takes_out:
+            call = self._call_with_out(executor, handle, lock, in_idx, out_idx)
         elif lock is None:
-            def call(inputs):
-                return executor.execute(handle, inputs)
+            def call(vals):
+                return executor.execute(handle, list(get_in(vals)))
         else:
-            def call(inputs):
+            def call(vals):
                 with lock:
-                    return executor.execute(handle, inputs)
+                    return executor.execute(handle, list(get_in(vals)))
 
-        get_in = getter(in_idx)
         n_expected = len(out_idx)
 
         def run_delegate(vals):
-            outs = call(list(get_in(vals)))
+            outs = call(vals)
             if outs is None or len(outs) != n_expected:
                 got = "None" if outs is None else str(len(outs))
                 raise RuntimeExecutionError(f"{where} returned {got} outputs, the program expects {n_expected}")
             for (tk, o, extra), res in zip(targets, outs):
                 if tk == "static":
                     dst = vals[o]
-                    res = np.asarray(res)
                     if res is dst:
                         continue
+                    res = np.asarray(res)
                     if res.shape != dst.shape:
                         raise RuntimeExecutionError(
                             f"{where}: output shape {list(res.shape)} differs from the planned {list(dst.shape)}")
@@ -268,6 +275,71 @@ class ChainCompiler:
                     vals[o] = res
 
         return run_delegate
+
+    def _call_with_out(self, executor: Any, handle: Any, lock: Any, in_idx: list[int],
+                       out_idx: list[int]) -> Callable[[list], Any]:
+        """``call(vals)`` running ``executor.execute(handle, inputs, out=outs)``: ``outs[k]`` is output ``k``'s
+        planned array when the executor may write it directly, else ``None`` (see :meth:`_out_slots`)."""
+        get_in = getter(in_idx)
+        slots, unknown = self._out_slots(in_idx, out_idx)
+        get_out = getter(slots)
+        checked = [k for k, s in enumerate(slots) if s != self.layout.none_slot]
+        get_unknown = getter(unknown)
+
+        def outs_of(vals):
+            outs = list(get_out(vals))
+            if unknown:  # inputs of unknown memory (views made by kernels): never pass an output they overlap
+                xs = [x for x in get_unknown(vals) if isinstance(x, np.ndarray)]
+                for k in checked:
+                    if any(np.may_share_memory(outs[k], x) for x in xs):
+                        outs[k] = None
+            return outs
+
+        if lock is None:
+            def call(vals):
+                return executor.execute(handle, list(get_in(vals)), out=outs_of(vals))
+        else:
+            def call(vals):
+                outs = outs_of(vals)
+                with lock:
+                    return executor.execute(handle, list(get_in(vals)), out=outs)
+        return call
+
+    def _out_slots(self, in_idx: list[int], out_idx: list[int]) -> tuple[list[int], list[int]]:
+        """For each delegate output, the slot holding the array to pass as its ``out=`` entry: its own slot for a
+        statically planned, C-contiguous tensor whose slot no instruction rebinds and whose planned bytes overlap
+        no input and no other output of the call; else the always-``None`` slot. Also the input slots whose
+        memory is unknown until the run (unplanned tensors made by kernels, possibly views of planned memory)."""
+        mv, none_slot = self.mv, self.layout.none_slot
+        inputs = set(self.plan.inputs)
+        ranges: list[tuple[int, int, int]] = []  # (mem_id, start, end) of planned inputs
+        unknown: list[int] = []
+        for i in in_idx:
+            for t in mv.tensor_items(i):
+                sp = mv.specs[t]
+                if sp.constant is not None:
+                    continue
+                if sp.mem_id:
+                    ranges.append((sp.mem_id, sp.offset, sp.offset + sp.nbytes))
+                elif t not in inputs and t not in unknown:
+                    unknown.append(t)
+        out_ranges = [(k, (sp.mem_id, sp.offset, sp.offset + sp.nbytes)) for k, o in enumerate(out_idx)
+                      if (sp := mv.specs.get(o)) is not None and sp.mem_id]
+
+        def overlaps(r: tuple[int, int, int], s: tuple[int, int, int]) -> bool:
+            return r[0] == s[0] and r[1] < s[2] and s[1] < r[2]
+
+        slots = []
+        for k, o in enumerate(out_idx):
+            sp = mv.specs.get(o)
+            ok = (sp is not None and sp.mem_id != 0 and not sp.dynamic and sp.constant is None
+                  and sp.contiguous_order and o not in self.analysis.rw)
+            if ok and sp.nbytes:
+                mine = (sp.mem_id, sp.offset, sp.offset + sp.nbytes)
+                ok = not any(overlaps(mine, r) for r in ranges) and not any(
+                    overlaps(mine, r) for j, r in out_ranges if j != k)
+            slots.append(o if ok else none_slot)
+        return slots, unknown
 
     def _delegate_num_outputs(self, ci: int, ii: int, a: S.DelegateCall, delegate: Delegate) -> int:
         where = self.mv.where

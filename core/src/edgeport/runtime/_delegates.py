@@ -34,6 +34,7 @@ class Delegate:
     executor: Any  # the backend's executor; for a fallback, the fallback method's MethodRunner
     handle: Any = None
     lock: threading.Lock | None = None
+    takes_out: bool = False  # ``execute`` accepts ``out=`` (destination passing, see RuntimeExecutor)
 
 
 def _accepts_named_data(init: Callable[..., Any]) -> bool:
@@ -44,6 +45,16 @@ def _accepts_named_data(init: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return "named_data" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def _accepts_out(execute: Callable[..., Any]) -> bool:
+    """Whether an executor's ``execute`` declares a keyword parameter ``out`` (the planned output arrays to write
+    into). A bare ``**kwargs`` does not count: the executor must opt in by name."""
+    try:
+        p = inspect.signature(execute).parameters.get("out")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
 def _fallback_name(d: S.BackendDelegate) -> str | None:
@@ -124,7 +135,7 @@ class Delegates:
         self._handles.append((executor, handle))
         self.profile.delegates.append(DelegateInfo(di, d.id, "backend"))
         lock = None if getattr(executor, "thread_safe", False) else threading.Lock()
-        return Delegate("backend", d.id, executor, handle, lock)
+        return Delegate("backend", d.id, executor, handle, lock, _accepts_out(executor.execute))
 
     def _init_fallback(self, di: int, d: S.BackendDelegate, method: str, reason: str) -> Delegate:
         runner = self.load_fallback(di, method)

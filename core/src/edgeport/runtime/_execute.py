@@ -97,6 +97,8 @@ class MethodRunner:
             # copies: the context (and its arenas) goes back to the pool for the next run
             outs = [np.array(vals[i]) if isinstance(vals[i], np.ndarray) else vals[i] for i in plan.output_indices]
         finally:
+            for i in plan.borrowed:  # hold no reference to the caller's arrays between runs
+                ctx.vals[i] = None
             self._release(ctx)
         prof = plan.profile
         prof.runs += 1

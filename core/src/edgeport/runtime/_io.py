@@ -1,5 +1,6 @@
-"""Method inputs: a binder per input checks the value given to ``execute`` and puts it into its slot (copied
-into planned memory, or bound as it is when the input is not memory-planned)."""
+"""Method inputs: a binder per input checks the value given to ``execute`` and puts it into its slot: copied
+into planned memory, or bound as it is when the input is not memory-planned or when only delegates read it
+(:func:`borrowable_inputs`; executors never write their inputs)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
 from edgeport.program import schema as S
+from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._memory import MemoryLayout
 from edgeport.runtime._values import MethodValues, TensorSpec
 from edgeport.runtime.kernel_utils import resize
 
-__all__ = ["Binder", "input_binders", "to_numpy"]
+__all__ = ["Binder", "borrowable_inputs", "input_binders", "to_numpy"]
 
 #: ``bind(vals, x)``: check input ``x`` and store it into the value slots ``vals``
 Binder = Callable[[list, Any], None]
@@ -35,8 +37,39 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def input_binders(mv: MethodValues, inputs: list[int], layout: MemoryLayout) -> list[Binder]:
-    """One binder per method input; raises ``ProgramError`` for a value that cannot be an input."""
+def borrowable_inputs(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
+                      delegate_inputs: set[int], delegate_outputs: set[int]) -> set[int]:
+    """Statically planned tensor inputs that ``execute`` may bind as the caller's array instead of copying it
+    into planned memory: read by delegate calls only (which never write their inputs), never a method output,
+    never written, moved, listed, used as a condition, or carrying state."""
+    touched: set[int] = set(plan.outputs) | delegate_outputs | analysis.state_tensors
+    for info in analysis.kernel_calls():
+        for idx in (*info.params, *info.rets):
+            touched.add(idx)
+            touched.update(mv.tensor_items(idx))
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            a = instr.instr_args
+            if type(a) is S.MoveCall:
+                touched.update((a.move_from, a.move_to))
+            elif type(a) is S.JumpFalseCall:
+                touched.add(a.cond_value_index)
+    for i in range(len(mv.values)):
+        if mv.kinds[i] in (S.TensorList, S.OptionalTensorList):
+            touched.update(mv.items(i))
+    found = set()
+    for idx in plan.inputs:
+        sp = mv.specs.get(idx)
+        if (sp is not None and sp.mem_id and not sp.dynamic and sp.constant is None and idx in delegate_inputs
+                and idx not in touched and list(plan.inputs).count(idx) == 1):
+            found.add(idx)
+    return found
+
+
+def input_binders(mv: MethodValues, inputs: list[int], layout: MemoryLayout,
+                  borrowed: set[int] = frozenset()) -> list[Binder]:
+    """One binder per method input; raises ``ProgramError`` for a value that cannot be an input. Inputs in
+    ``borrowed`` bind the caller's array (after the dtype and shape checks) instead of copying it."""
     binders: list[Binder] = []
     for k, idx in enumerate(inputs):
         kind = mv.kinds[idx]
@@ -44,7 +77,7 @@ def input_binders(mv: MethodValues, inputs: list[int], layout: MemoryLayout) -> 
             sp = mv.specs[idx]
             if sp.constant is not None:
                 raise mv.err(f"inputs[{k}]: value {idx} is a constant tensor")
-            binders.append(_tensor_binder(f"{mv.where} input {k}", idx, sp, layout))
+            binders.append(_tensor_binder(f"{mv.where} input {k}", idx, sp, layout, idx in borrowed))
         elif kind in _SCALAR_TYPES:
             binders.append(_scalar_binder(f"{mv.where} input {k}", idx, _SCALAR_TYPES[kind]))
         elif kind is S.Null:
@@ -54,7 +87,7 @@ def input_binders(mv: MethodValues, inputs: list[int], layout: MemoryLayout) -> 
     return binders
 
 
-def _tensor_binder(where: str, idx: int, sp: TensorSpec, layout: MemoryLayout) -> Binder:
+def _tensor_binder(where: str, idx: int, sp: TensorSpec, layout: MemoryLayout, borrow: bool) -> Binder:
     dtype, sizes = sp.dtype, sp.sizes
 
     def check(a: np.ndarray) -> None:
@@ -70,6 +103,15 @@ def _tensor_binder(where: str, idx: int, sp: TensorSpec, layout: MemoryLayout) -
             vals[idx] = a
 
         return bind_unplanned
+    if borrow:
+        def bind_borrowed(vals, x):
+            a = to_numpy(x)
+            check(a)
+            if a.shape != sizes:
+                raise RuntimeExecutionError(f"{where}: expected shape {list(sizes)}, got {list(a.shape)}")
+            vals[idx] = a
+
+        return bind_borrowed
     if not sp.dynamic:
         def bind_static(vals, x):
             a = to_numpy(x)

@@ -18,7 +18,7 @@ from edgeport.runtime._delegates import Delegates
 from edgeport.runtime._execute import MethodRunner
 from edgeport.runtime._folding import fold_constants
 from edgeport.runtime._instructions import analyze_instructions
-from edgeport.runtime._io import Binder, input_binders
+from edgeport.runtime._io import Binder, borrowable_inputs, input_binders
 from edgeport.runtime._memory import Context, MemoryLayout
 from edgeport.runtime._profile import MethodProfile
 from edgeport.runtime._values import MethodValues
@@ -66,8 +66,8 @@ class MethodPlan:
             self.profile.folded_instructions = fold_constants(mv, plan, analysis, self.static_template)
         self._layout = MemoryLayout(mv, self.static_template)
         self._delegates.init_all(lp, plan_index)
-        self.chains: list[CompiledChain] = ChainCompiler(mv, plan, analysis, self._layout,
-                                                         self._delegates.items).compile()
+        compiler = ChainCompiler(mv, plan, analysis, self._layout, self._delegates.items)
+        self.chains: list[CompiledChain] = compiler.compile()
         self.profile.num_instructions = sum(len(chain.instructions) for chain in plan.chains)
         for name, entry, _ in analysis.resolved_ops:
             if entry is not None:
@@ -75,7 +75,10 @@ class MethodPlan:
         for e in getattr(self.kernels, "overridden", []):
             if e.op in self.profile.kernel_libraries:
                 self.profile.overridden_kernels[e.op] = e.library
-        self.binders: list[Binder] = input_binders(mv, self.input_indices, self._layout)
+        #: inputs bound as the caller's arrays (only delegates read them); their slots are cleared after a run
+        self.borrowed: tuple[int, ...] = tuple(sorted(borrowable_inputs(
+            mv, plan, analysis, compiler.delegate_inputs, compiler.delegate_outputs)))
+        self.binders: list[Binder] = input_binders(mv, self.input_indices, self._layout, set(self.borrowed))
 
     def _load_fallback(self, di: int, method: str) -> MethodRunner:
         names = [p.name for p in self.owner._loaded.program.execution_plan]
