@@ -386,8 +386,14 @@ def where_out(condition, self, other, out):
     shape = np.broadcast_shapes(condition.shape, np.shape(self), np.shape(other))
     if shape != out.shape:
         out = resize(out, shape)
-    np.copyto(out, other, casting="unsafe")
-    np.copyto(out, self, casting="unsafe", where=condition)
+    # a condition that is the same everywhere (e.g. no fully masked attention row) needs one plain copy
+    if not condition.any():
+        np.copyto(out, other, casting="unsafe")
+    elif condition.all():
+        np.copyto(out, self, casting="unsafe")
+    else:
+        np.copyto(out, other, casting="unsafe")
+        np.copyto(out, self, casting="unsafe", where=condition)
     return out
 
 

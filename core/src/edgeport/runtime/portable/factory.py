@@ -25,7 +25,10 @@ def full_out(size, fill_value, out):
 
 @kernel("aten::full_like.out")
 def full_like_out(self, fill_value, memory_format, out):
-    return _fill(out, self.shape, fill_value)
+    if out.shape != self.shape:
+        out = resize(out, self.shape)
+    out.fill(fill_value)
+    return out
 
 
 @kernel("aten::zeros.out")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
-from edgeport.runtime.portable._common import dtype_arg, kernel, normalize_dim, normalize_dims, store
+from edgeport.runtime.portable._common import dtype_arg, kernel, normalize_dim, normalize_dims, resize, store
 
 
 def _axes(x, dim):
@@ -53,10 +53,52 @@ kernel("aten::amax.out")(_reduce_nonempty(np.max, "amax"))
 kernel("aten::amin.out")(_reduce_nonempty(np.min, "amin"))
 
 
+def _no_dims(dim) -> bool:
+    """``any.dims``/``all.dims`` with an empty dim list reduce nothing (torch: elementwise ``bool``)."""
+    return dim is not None and not isinstance(dim, int) and len(dim) == 0
+
+
 @kernel("aten::any.out", "aten::any.dims_out")
 def any_out(self, dim, keepdim, out):
+    if _no_dims(dim):
+        return store(out, self.astype(bool))
     axes = None if dim is None else (_axes(self, [dim]) if isinstance(dim, int) else _axes(self, dim))
+    fast = _any_trailing(self, axes, keepdim, out)
+    if fast is not None:
+        return fast
     return store(out, np.any(self, axis=axes, keepdims=keepdim))
+
+
+_WIDE = ((8, np.uint64), (4, np.uint32), (2, np.uint16))
+
+
+def _any_trailing(self, axes, keepdim, out):
+    """``any`` over trailing dims of a C-contiguous bool or integer tensor, a row of bytes at a time seen as
+    wider integers (an element is nonzero iff one of its bytes is). ``None`` when that does not apply (floats:
+    ``-0.0`` is false with a nonzero byte)."""
+    nd = self.ndim
+    if axes is None or self.dtype.kind not in "biu" or not self.flags.c_contiguous or self.size == 0:
+        return None
+    k = len(axes)
+    if k == 0 or axes != tuple(range(nd - k, nd)):
+        return None
+    row = self.itemsize
+    for d in self.shape[nd - k:]:
+        row *= d
+    width = next((w for w, _ in _WIDE if row % w == 0 and row > w), None)
+    if width is None:
+        return None
+    wide = dict(_WIDE)[width]
+    rows = self.reshape(-1).view(np.uint8).reshape(-1, row).view(wide)
+    shape = self.shape[:nd - k] + ((1,) * k if keepdim else ())
+    if out.shape != shape:
+        out = resize(out, shape)
+    acc = np.bitwise_or.reduce(rows, axis=1)
+    if out.flags.c_contiguous:
+        np.not_equal(acc, 0, out=out.reshape(-1), casting="unsafe")
+    else:
+        out[...] = (acc != 0).reshape(shape)
+    return out
 
 
 @kernel("aten::any.all_out")
@@ -66,6 +108,8 @@ def any_all_out(self, out):
 
 @kernel("aten::all.out", "aten::all.dims_out")
 def all_out(self, dim, keepdim, out):
+    if _no_dims(dim):
+        return store(out, self.astype(bool))
     axes = None if dim is None else (_axes(self, [dim]) if isinstance(dim, int) else _axes(self, dim))
     return store(out, np.all(self, axis=axes, keepdims=keepdim))
 
