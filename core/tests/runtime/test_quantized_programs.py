@@ -9,6 +9,9 @@ boundary of a requantization).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -217,3 +220,23 @@ def test_bad_quantization_arguments_fail_cleanly():
     method = Runtime.get().load_program(et.buffer).load_method("forward")
     with pytest.raises(RuntimeExecutionError, match=r"quantize_per_tensor.*\[-1000, 127\]"):
         method.execute([x.numpy()])
+
+
+@pytest.mark.executorch
+def test_executorch_quantized_library_loads_after_edgeport():
+    """edgeport's out variants live in their own namespace: loading ExecuTorch's AOT library afterwards (which
+    defines ``quantized_decomposed::*.out`` and aborts the process on a duplicate definition) still works, and the
+    out variant chosen then is emitted under the same name."""
+    pytest.importorskip("executorch")
+    script = (
+        "import torch, torch.ao.quantization.fx._decomposed\n"
+        "from edgeport.aot.passes.out_variants import out_variant, executorch_name\n"
+        "op = torch.ops.quantized_decomposed.quantize_per_tensor.default\n"
+        "before = out_variant(op); out_variant.cache_clear()\n"
+        "import executorch.kernels.quantized\n"
+        "after = out_variant(op)\n"
+        "print(executorch_name(before._schema), executorch_name(after._schema), before._overloadname)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["quantized_decomposed::quantize_per_tensor"] * 2 + ["out"]
