@@ -240,3 +240,22 @@ def test_executorch_quantized_library_loads_after_edgeport():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["quantized_decomposed::quantize_per_tensor"] * 2 + ["out"]
+
+
+def test_out_variants_run_in_torch():
+    """edgeport's out variants also run in torch (the functional reference op, copied into ``out``), so an
+    execution-dialect graph module stays runnable."""
+    from edgeport.aot.passes.out_variants import executorch_name, out_variant
+
+    x = torch.randn(4, 5)
+    for op, args in [(Q.quantize_per_tensor.default, (x, 0.05, 3, -128, 127, torch.int8)),
+                     (Q.choose_qparams.tensor, (x, -128, 127, 1e-7, torch.int8))]:
+        out_op = out_variant(op)
+        assert executorch_name(out_op._schema) == f"quantized_decomposed::{op._schema.name.split('::')[1]}"
+        want = op(*args)
+        want = want if isinstance(want, tuple) else (want,)
+        outs = {a.name: torch.empty(0, dtype=w.dtype) for a, w in zip(
+            [a for a in out_op._schema.arguments if a.is_out], want)}
+        out_op(*args, **outs)
+        for got, w in zip(outs.values(), want):
+            torch.testing.assert_close(got, w, rtol=0, atol=0)
