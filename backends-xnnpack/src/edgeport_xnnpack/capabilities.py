@@ -179,6 +179,22 @@ def _no_rounding(node: Any) -> str | None:
     return None if mode is None else f"rounding_mode={mode!r}"
 
 
+def _layer_norm(node: Any) -> str | None:
+    s = shape(node.args[0])
+    normalized = list(node.args[1])
+    if s is None or not normalized or tuple(s[len(s) - len(normalized):]) != tuple(normalized):
+        return f"normalized shape {normalized} is not the trailing dims of the input {s}"
+    if 0 in s:
+        return "empty input"
+    for p in node.args[2:4]:
+        if p is not None and shape(p) != tuple(normalized):
+            return f"weight / bias of shape {shape(p)} instead of {tuple(normalized)}"
+    for user in node.users:
+        if user.target is not operator.getitem:
+            return f"output used by {user.name} without a getitem"
+    return None
+
+
 def _linear(node: Any) -> str | None:
     w = shape(node.args[1])
     if w is None or len(w) != 2:
@@ -320,6 +336,9 @@ CAPABILITIES = CapabilityTable((
     _cap("aten.mean.dim", _mean, notes="over H and W of a 4-D tensor: global average pooling"),
     _cap("aten._adaptive_avg_pool2d.default", _adaptive, notes="output size dividing the input"),
     _cap("aten._softmax.default", _softmax, notes="last dimension"),
+    _cap("aten.native_layer_norm.default", _layer_norm, notes="over the trailing dims: two fully connected "
+         "reductions (mean, variance + eps), subtract, square, square root, divide, multiply, add; mean / rstd "
+         "outputs too"),
     _cap("aten.view_copy.default", notes="static reshape"),
     _cap("aten._unsafe_view.default"), _cap("aten.squeeze_copy.dims"), _cap("aten.squeeze_copy.dim"),
     _cap("aten.unsqueeze_copy.default"), _cap("aten.clone.default", notes="identity reshape"),

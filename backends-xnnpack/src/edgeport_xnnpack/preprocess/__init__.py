@@ -115,8 +115,11 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
             continue
         if node.target is operator.getitem:
             src, index = node.args
+            if index and (src, index) in b.extra_outputs:
+                b.set(node, b.extra_outputs[(src, index)])
+                continue
             if index != 0 or src not in b.env:
-                raise LoweringError(f"{node.name}: only output 0 of {getattr(src, 'name', src)} is supported")
+                raise LoweringError(f"{node.name}: output {index} of {getattr(src, 'name', src)} is not lowered")
             b.set(node, b.env[src])
             continue
         if quant.lower(node):

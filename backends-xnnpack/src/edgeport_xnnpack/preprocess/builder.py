@@ -65,6 +65,7 @@ class GraphBuilder:
         self.env: dict[torch.fx.Node, Val] = {}
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}
         self.outputs: set[torch.fx.Node] = set()  # fx nodes whose values leave the delegate
+        self.extra_outputs: dict[tuple[torch.fx.Node, int], Val] = {}  # (multi-output node, index > 0) -> value
         self._converted: dict[tuple[int, str], Val] = {}
         self._producer: dict[int, int] = {}
         self._const_ids: dict[tuple[int, str], Val] = {}

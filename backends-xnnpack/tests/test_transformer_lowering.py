@@ -1,0 +1,144 @@
+"""Transformer pieces lowered by XnnpackBackend: layer norm inside the delegate, the encoder's delegate count,
+and the view / transpose folding of preprocess (fewer transpose nodes, same numbers), each checked against eager
+on edgeport's runtime and on the stock ExecuTorch runtime."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+from xnn_helpers import (
+    delegate_count,
+    eager,
+    lower_edgeport,
+    needs_xnnpack,
+    rel_err,
+    run_edgeport,
+    run_executorch,
+)
+
+from edgeport_xnnpack.schema.reader import read_blob
+
+LN_RTOL = 1e-5
+
+
+def blob_kinds(edge) -> Counter:
+    """Node kinds over every XnnpackBackend delegate blob of ``edge``."""
+    gm = edge.exported_program().graph_module
+    kinds: Counter = Counter()
+    for name in dir(gm):
+        if name.startswith("lowered_module_"):
+            graph, _ = read_blob(bytes(getattr(gm, name)._processed_bytes))
+            kinds.update(n.kind for n in graph.nodes)
+    return kinds
+
+
+def run_all(buffer: bytes, args: tuple, runtime: str) -> list:
+    if runtime == "edgeport":
+        from edgeport.runtime import Runtime
+
+        return list(Runtime.get().load_program(buffer).load_method("forward").execute([a.numpy() for a in args]))
+    pytest.importorskip("executorch")
+    from executorch.runtime import Runtime as EtRuntime
+
+    outs = EtRuntime.get().load_program(buffer).load_method("forward").execute(list(args))
+    return [o.numpy() for o in outs]
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, normalized: list[int], affine: bool, eps: float, stats: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.ln = nn.LayerNorm(normalized, eps=eps, elementwise_affine=affine)
+        if affine:
+            with torch.no_grad():
+                self.ln.weight.normal_()
+                self.ln.bias.normal_()
+        self.normalized, self.stats = normalized, stats
+
+    def forward(self, x: torch.Tensor):
+        if self.stats:  # mean and rstd used too
+            y, mean, rstd = torch.ops.aten.native_layer_norm(x, self.normalized, self.ln.weight, self.ln.bias,
+                                                             self.ln.eps)
+            return y + 1.0, mean * 2.0, rstd * 3.0
+        return self.ln(x) * 2.0 + 0.5
+
+
+LN_CASES = {
+    "rank2_d10_affine": ((4, 10), [10], True, 1e-5),
+    "rank3_d13_plain_eps1e-3": ((2, 5, 13), [13], False, 1e-3),
+    "rank4_d7_affine_eps1e-6": ((2, 3, 4, 7), [7], True, 1e-6),
+    "rank4_two_dims": ((2, 3, 4, 8), [4, 8], True, 1e-5),
+    "rank3_d256_eps_dominant": ((1, 16, 256), [256], True, 1.0),
+}
+
+
+@needs_xnnpack
+@pytest.mark.executorch
+@pytest.mark.parametrize("case", list(LN_CASES))
+def test_layer_norm_is_delegated_and_matches_eager(case):
+    shape, normalized, affine, eps = LN_CASES[case]
+    model = LayerNorm(normalized, affine, eps).eval()
+    torch.manual_seed(2)
+    args = (torch.randn(*shape) * 3.0 + 1.0,)
+    edge, buffer, partitioner = lower_edgeport(model, args)
+    assert delegate_count(edge) == 1 and not partitioner.rejections, partitioner.rejections
+    assert "aten.native_layer_norm.default" not in str(edge.exported_program().graph)
+    kinds = blob_kinds(edge)
+    assert kinds["XNNFullyConnected"] == 2 and kinds["XNNSquareRoot"] == 1, kinds
+    ref = eager(model, args)
+    assert rel_err(run_edgeport(buffer, args), ref) <= LN_RTOL
+    pytest.importorskip("executorch")
+    assert rel_err(run_executorch(buffer, args), ref) <= LN_RTOL
+
+
+@needs_xnnpack
+@pytest.mark.executorch
+@pytest.mark.parametrize("runtime", ["edgeport", "executorch"])
+def test_layer_norm_mean_and_rstd_outputs(runtime):
+    model = LayerNorm([9], True, 1e-5, stats=True).eval()
+    args = (torch.randn(3, 4, 9) * 2.0,)
+    edge, buffer, partitioner = lower_edgeport(model, args)
+    assert delegate_count(edge) == 1 and not partitioner.rejections, partitioner.rejections
+    with torch.no_grad():
+        refs = [r.numpy() for r in model(*args)]
+    outs = run_all(buffer, args, runtime)
+    assert [o.shape for o in outs] == [r.shape for r in refs]
+    for out, ref in zip(outs, refs, strict=True):
+        assert rel_err(out, ref) <= LN_RTOL
+
+
+def encoder(layers: int = 2, d: int = 64, heads: int = 4, seed: int = 0) -> tuple[nn.Module, tuple]:
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+    return model, (torch.randn(1, 16, d),)
+
+
+@pytest.fixture(scope="module")
+def lowered_encoder():
+    model, args = encoder()
+    edge, buffer, partitioner = lower_edgeport(model, args)
+    return model, args, edge, buffer, partitioner
+
+
+def test_encoder_delegate_count(lowered_encoder):
+    _, _, edge, _, partitioner = lowered_encoder
+    # per layer, only the attention's all-masked-row check (eq / logical_not / any / full_like / where) stays
+    # outside: attention up to the softmax | rest of the layer + next layer's attention up to its softmax | ...
+    assert delegate_count(edge) == 2 + 1
+    outside = {str(n.target) for n in edge.exported_program().graph.nodes
+               if n.op == "call_function" and n.meta.get("delegate_backend") is None and "getitem" not in str(n.target)}
+    assert not any("layer_norm" in t for t in outside), outside
+    assert all(("layer_norm" not in why) for why in partitioner.rejections.values())
+
+
+@needs_xnnpack
+@pytest.mark.executorch
+@pytest.mark.parametrize("runtime", ["edgeport", "executorch"])
+def test_encoder_matches_eager(lowered_encoder, runtime):
+    model, args, _, buffer, _ = lowered_encoder
+    out = run_all(buffer, args, runtime)[0]
+    assert rel_err(out, eager(model, args)) <= 1e-5
