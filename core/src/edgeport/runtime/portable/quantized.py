@@ -113,12 +113,14 @@ def _quantize_per_tensor(op: str, x: np.ndarray, scale: float, zero_point: int, 
 
 
 @kernel("quantized_decomposed::quantize_per_tensor.out")
-def quantize_per_tensor_out(input, scale, zero_point, quant_min, quant_max, dtype, out):
+def quantize_per_tensor_out(input: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int,
+                            dtype: int, out: np.ndarray) -> np.ndarray:
     return _quantize_per_tensor("quantize_per_tensor", input, scale, zero_point, quant_min, quant_max, dtype, out)
 
 
 @kernel("quantized_decomposed::quantize_per_tensor.Tensor_out")
-def quantize_per_tensor_tensor_out(input, scale, zero_point, quant_min, quant_max, dtype, out):
+def quantize_per_tensor_tensor_out(input: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, quant_min: int,
+                                   quant_max: int, dtype: int, out: np.ndarray) -> np.ndarray:
     op = "quantize_per_tensor.Tensor"
     s, z = _scalar_param(scale, "scale", op), _scalar_param(zero_point, "zero_point", op)
     return _quantize_per_tensor(op, input, float(s), int(z), quant_min, quant_max, dtype, out)
@@ -140,13 +142,16 @@ def _dequantize_per_tensor(op: str, q: np.ndarray, scale: float, zero_point: int
 
 
 @kernel("quantized_decomposed::dequantize_per_tensor.out")
-def dequantize_per_tensor_out(input, scale, zero_point, quant_min, quant_max, dtype, out_dtype, out):
+def dequantize_per_tensor_out(input: np.ndarray, scale: float, zero_point: int, quant_min: int, quant_max: int,
+                              dtype: int, out_dtype: int | None, out: np.ndarray) -> np.ndarray:
     return _dequantize_per_tensor("dequantize_per_tensor", input, scale, zero_point, quant_min, quant_max, dtype,
                                   out_dtype, out)
 
 
 @kernel("quantized_decomposed::dequantize_per_tensor.Tensor_out")
-def dequantize_per_tensor_tensor_out(input, scale, zero_point, quant_min, quant_max, dtype, out_dtype, out):
+def dequantize_per_tensor_tensor_out(input: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, quant_min: int,
+                                     quant_max: int, dtype: int, out_dtype: int | None,
+                                     out: np.ndarray) -> np.ndarray:
     op = "dequantize_per_tensor.Tensor"
     s, z = _scalar_param(scale, "scale", op), _scalar_param(zero_point, "zero_point", op)
     return _dequantize_per_tensor(op, input, float(s), int(z), quant_min, quant_max, dtype, out_dtype, out)
@@ -169,7 +174,8 @@ def _channel_axis(x: np.ndarray, axis: int, op: str) -> int:
 
 
 @kernel("quantized_decomposed::quantize_per_channel.out")
-def quantize_per_channel_out(input, scales, zero_points, axis, quant_min, quant_max, dtype, out):
+def quantize_per_channel_out(input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, axis: int,
+                             quant_min: int, quant_max: int, dtype: int, out: np.ndarray) -> np.ndarray:
     op = "quantize_per_channel"
     dt = _qdtype(dtype, op)
     x = _float_input(input, op)
@@ -193,7 +199,9 @@ def quantize_per_channel_out(input, scales, zero_points, axis, quant_min, quant_
 
 
 @kernel("quantized_decomposed::dequantize_per_channel.out")
-def dequantize_per_channel_out(input, scales, zero_points, axis, quant_min, quant_max, dtype, out_dtype, out):
+def dequantize_per_channel_out(input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, axis: int,
+                               quant_min: int, quant_max: int, dtype: int, out_dtype: int | None,
+                               out: np.ndarray) -> np.ndarray:
     op = "dequantize_per_channel"
     dt = _qdtype(dtype, op)
     q = input
@@ -223,7 +231,8 @@ def dequantize_per_channel_out(input, scales, zero_points, axis, quant_min, quan
 
 
 @kernel("quantized_decomposed::choose_qparams.Tensor_out")
-def choose_qparams_tensor_out(input, quant_min, quant_max, eps, dtype, scale_out, zero_point_out):
+def choose_qparams_tensor_out(input: np.ndarray, quant_min: int, quant_max: int, eps: float, dtype: int,
+                              scale_out: np.ndarray, zero_point_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """torch's per-tensor affine ``determine_qparams`` over ``input``'s min and max (float32 inputs)."""
     op = "choose_qparams.Tensor"
     _qdtype(dtype, op)
