@@ -2,21 +2,20 @@
 
 The 2022 snapshot of XNNPACK that Debian ships has no static transpose, concatenate, slice, batch matrix
 multiply, copy, tanh, exp, ... nodes; ExecuTorch's XNNPACK delegate emits them (a transpose at every NCHW/NHWC
-boundary). The executor runs them as host steps between XNNPACK runtimes, writing into preallocated buffers.
-Each function checks the node's parameters against the shapes it was planned with and raises ``ValueError``.
+boundary). The executor runs them in host segments between XNNPACK runtimes: transposes, slices and reshapes are numpy
+views, and only values leaving a segment are written (into preallocated buffers). ``make_host_op`` checks the
+node's parameters against the shapes it was planned with and raises ``ValueError``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
-
-HostFn = Callable[[Sequence[np.ndarray], np.ndarray], None]
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -40,7 +39,8 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "XNNCopy": lambda x: x,
 }
 
-# node kinds the executor can run on the host
+# node kinds the executor can run on the host when this libXNNPACK cannot (reshapes and binary operators may
+# run on the host too, where the planner finds that cheaper)
 HOST_KINDS = frozenset({"XNNStaticTranspose", "XNNStaticSlice", "XNNBatchMatrixMultiply", "XNNFullyConnected",
                         *CAT_INPUTS, *_UNARY})
 
@@ -50,27 +50,52 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def make_host_fn(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]) -> HostFn:
-    """A function ``fn(inputs, out)`` computing ``node`` into ``out``; validates parameters now."""
+@dataclass
+class HostOp:
+    """One node on the host: ``compute(xs)`` returns its result (a view of an input when ``view``), ``into(xs,
+    out)`` writes it into ``out`` (a C-contiguous array of the output shape)."""
+
+    compute: Callable[[Sequence[np.ndarray]], np.ndarray]
+    into: Callable[[Sequence[np.ndarray], np.ndarray], None]
+    view: bool
+
+
+def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray], view: bool = False,
+        into: Callable[[Sequence[np.ndarray], np.ndarray], None] | None = None) -> HostOp:
+    if into is None:
+        def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            np.copyto(out, compute(xs).reshape(out.shape), casting="same_kind")
+    return HostOp(compute, into, view)
+
+
+def _clamp(node: XNode) -> tuple[float, float] | None:
+    lo, hi = node.output_min_max or (-math.inf, math.inf)
+    _check(not (math.isnan(lo) or math.isnan(hi) or lo > hi), f"bad output range ({lo}, {hi})")
+    return (lo, hi) if lo > -math.inf or hi < math.inf else None
+
+
+def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]) -> HostOp:
+    """The host implementation of ``node``; validates its parameters against the planned shapes now."""
     kind = node.kind
     rank = len(out_shape)
+    if kind in ("XNNStaticReshape", "XNNCopy"):
+        _check(math.prod(in_shapes[0]) == math.prod(out_shape), f"reshape of {in_shapes[0]} into {out_shape}")
+        return _op(lambda xs: xs[0].reshape(out_shape), view=True,
+                   into=lambda xs, out: np.copyto(out.reshape(xs[0].shape), xs[0]))
     if kind == "XNNStaticTranspose":
         perm = [int(p) for p in node.get("perm")]
         _check(sorted(perm) == list(range(len(in_shapes[0]))), f"bad permutation {perm} for rank {len(in_shapes[0])}")
         _check(tuple(in_shapes[0][p] for p in perm) == out_shape, f"transpose {perm} of {in_shapes[0]} != {out_shape}")
-
-        def transpose(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            np.copyto(out, xs[0].transpose(perm))
-        return transpose
+        return _op(lambda xs: xs[0].transpose(perm), view=True)
     if kind in CAT_INPUTS:
         axis = int(node.get("axis"))
         _check(axis < rank, f"concatenate axis {axis} out of range for rank {rank}")
         _check(all(len(s) == rank for s in in_shapes), "concatenate inputs differ in rank")
         _check(sum(s[axis] for s in in_shapes) == out_shape[axis], "concatenate sizes do not add up")
-
-        def concatenate(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            np.concatenate(list(xs), axis=axis, out=out)
-        return concatenate
+        _check(all(s[:axis] + s[axis + 1:] == out_shape[:axis] + out_shape[axis + 1:] for s in in_shapes),
+               "concatenate inputs differ outside the axis")
+        return _op(lambda xs: np.concatenate(list(xs), axis=axis),
+                   into=lambda xs, out: np.concatenate(list(xs), axis=axis, out=out))
     if kind == "XNNStaticSlice":
         offsets, sizes = [int(v) for v in node.get("offsets")], [int(v) for v in node.get("sizes")]
         shape = in_shapes[0]
@@ -79,37 +104,149 @@ def make_host_fn(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
         _check(all(o + s <= d for o, s, d in zip(offsets, sizes, shape, strict=True)), "slice out of bounds")
         _check(tuple(sizes) == out_shape, f"slice sizes {sizes} != output shape {out_shape}")
         index = tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))
-
-        def slice_(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            np.copyto(out, xs[0][index])
-        return slice_
+        return _op(lambda xs: xs[0][index], view=True)
     if kind in ("XNNBatchMatrixMultiply", "XNNFullyConnected"):
-        transpose_b = bool(node.get("flags") & 1)
-        if kind == "XNNFullyConnected":
-            transpose_b = not transpose_b  # the filter is [out, in] unless XNN_FLAG_TRANSPOSE_WEIGHTS
-        has_bias = len(in_shapes) > 2
-        a, b = in_shapes[0], in_shapes[1]
-        _check(len(a) >= 1 and len(b) >= 2, "matrix multiply needs a matrix operand")
-        k_b = b[-1] if transpose_b else b[-2]
-        flat = kind == "XNNFullyConnected" and bool(node.get("flags") & 4)  # XNN_FLAG_TENSORFLOW_RESHAPE_2D
-        _check(math.prod(a) % max(k_b, 1) == 0 if flat else a[-1] == k_b,
-               f"matrix multiply inner sizes differ: {a} x {b}")
-        lo, hi = node.output_min_max or (-math.inf, math.inf)
-
-        def matmul(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
-            rhs = np.swapaxes(xs[1], -1, -2) if transpose_b else xs[1]
-            res = np.matmul(xs[0].reshape(-1, k_b) if flat else xs[0], rhs)
-            if has_bias:
-                res = res + xs[2]
-            np.copyto(out, res.reshape(out.shape))
-            if lo > -math.inf or hi < math.inf:
-                np.clip(out, lo, hi, out=out)
-        return matmul
+        return _matmul(node, in_shapes, out_shape)
+    if kind in _BINARY:
+        return _binary(node, in_shapes, out_shape)
     fn = _UNARY.get(kind)
     if fn is None:
         raise ValueError(f"no host implementation of {kind}")
     _check(in_shapes[0] == out_shape, f"{kind}: input {in_shapes[0]} and output {out_shape} shapes differ")
+    return _op(lambda xs: np.asarray(fn(xs[0]), np.float32))
 
-    def unary(xs: Sequence[np.ndarray], out: np.ndarray, fn: Any = fn) -> None:
-        np.copyto(out, fn(xs[0]), casting="same_kind")
-    return unary
+
+def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]) -> HostOp:
+    kind = node.kind
+    transpose_b = bool(node.get("flags") & 1)
+    if kind == "XNNFullyConnected":
+        transpose_b = not transpose_b  # the filter is [out, in] unless XNN_FLAG_TRANSPOSE_WEIGHTS
+    has_bias = len(in_shapes) > 2
+    a, b = in_shapes[0], in_shapes[1]
+    _check(len(a) >= 1 and len(b) >= 2, "matrix multiply needs a matrix operand")
+    k_b, n_b = (b[-1], b[-2]) if transpose_b else (b[-2], b[-1])
+    flat = kind == "XNNFullyConnected" and bool(node.get("flags") & 4)  # XNN_FLAG_TENSORFLOW_RESHAPE_2D
+    _check(math.prod(a) % max(k_b, 1) == 0 if flat else a[-1] == k_b,
+           f"matrix multiply inner sizes differ: {a} x {b}")
+    if has_bias:
+        _check(in_shapes[2] == (n_b,), f"bias {in_shapes[2]} does not match {n_b} outputs")
+    rows = (math.prod(a) // max(k_b, 1),) if flat else a[:-1]
+    batch = np.broadcast_shapes(rows[:-1], b[:-2]) if len(b) > 2 or len(rows) > 1 else ()
+    want = (*batch, *rows[-1:], n_b) if not flat else (rows[0], n_b)
+    _check(math.prod(want) == math.prod(out_shape), f"matrix multiply {a} x {b} gives {want}, not {out_shape}")
+    same = tuple(want) == tuple(out_shape)
+    clamp = _clamp(node)
+
+    def operands(xs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        rhs = np.swapaxes(xs[1], -1, -2) if transpose_b else xs[1]
+        return (xs[0].reshape(-1, k_b) if flat else xs[0]), rhs
+
+    def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        lhs, rhs = operands(xs)
+        dst = out if same else out.reshape(want)
+        np.matmul(lhs, rhs, out=dst)
+        if has_bias:
+            np.add(dst, xs[2], out=dst)
+        if clamp is not None:
+            np.clip(dst, clamp[0], clamp[1], out=dst)
+
+    def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.empty(out_shape, np.float32)
+        into(xs, out)
+        return out
+    return _op(compute, into=into)
+
+
+_BINARY = {"XNNMultiply": np.multiply, "XNNAdd": np.add, "XNNSubtract": np.subtract, "XNNDiv": np.divide}
+
+
+def _binary(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]) -> HostOp:
+    ufunc = _BINARY[node.kind]
+    _check(np.broadcast_shapes(in_shapes[0], in_shapes[1]) == tuple(out_shape),
+           f"{node.kind}: {in_shapes[0]} and {in_shapes[1]} do not broadcast to {out_shape}")
+    clamp = _clamp(node)
+
+    def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        ufunc(xs[0], xs[1], out=out)
+        if clamp is not None:
+            np.clip(out, clamp[0], clamp[1], out=out)
+
+    def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.empty(out_shape, np.float32)
+        into(xs, out)
+        return out
+    return _op(compute, into=into)
+
+
+class HostSegment:
+    """Consecutive host nodes run as one step on numpy views.
+
+    Reshapes, transposes and slices cost nothing; a value is written to memory only when it leaves the segment
+    (``materialize``: the executor's buffer for it is in ``env``). An operator whose result reaches such a value
+    through reshapes only writes straight into that buffer (a matrix multiply computes into the output).
+    """
+
+    def __init__(self, nodes: Sequence[XNode], ops: Sequence[HostOp], materialize: set[int],
+                 dims: Callable[[int], tuple[int, ...]]) -> None:
+        produced = {o: j for j, n in enumerate(nodes) for o in n.outputs()}
+        readers: dict[int, list[int]] = {}
+        for j, n in enumerate(nodes):
+            for v in set(n.inputs()):
+                readers.setdefault(v, []).append(j)
+        # target[u] = (materialized root value, u's shape): u is computed straight into the root's buffer
+        target: dict[int, tuple[int, tuple[int, ...]]] = {}
+        skip: set[int] = set()
+        for j in reversed(range(len(nodes))):
+            n, op = nodes[j], ops[j]
+            o = n.outputs()[0]
+            if not (op.view and n.kind == "XNNStaticReshape"):
+                continue
+            root = o if o in materialize else target.get(o, (None,))[0]
+            u = n.inputs()[0]
+            if root is None or u in materialize or u not in produced or readers.get(u) != [j]:
+                continue
+            target[u] = (root, dims(u))
+            skip.add(j)
+        self.program: list[Callable[[dict[int, np.ndarray]], None]] = []
+        for j, (n, op) in enumerate(zip(nodes, ops, strict=True)):
+            if j in skip:
+                continue
+            ins, o = list(n.inputs()), n.outputs()[0]
+            if o in target:
+                self.program.append(_into_target(op, ins, o, *target[o]))
+            elif o in materialize:
+                self.program.append(_into(op, ins, o))
+            else:
+                self.program.append(_compute(op, ins, o))
+        self.size = len(nodes)
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        for step in self.program:
+            step(env)
+
+
+def _compute(op: HostOp, ins: list[int], o: int) -> Callable[[dict[int, np.ndarray]], None]:
+    fn = op.compute
+
+    def step(env: dict[int, np.ndarray]) -> None:
+        env[o] = fn([env[i] for i in ins])
+    return step
+
+
+def _into(op: HostOp, ins: list[int], o: int) -> Callable[[dict[int, np.ndarray]], None]:
+    fn = op.into
+
+    def step(env: dict[int, np.ndarray]) -> None:
+        fn([env[i] for i in ins], env[o])
+    return step
+
+
+def _into_target(op: HostOp, ins: list[int], o: int, root: int,
+                 shape: tuple[int, ...]) -> Callable[[dict[int, np.ndarray]], None]:
+    fn = op.into
+
+    def step(env: dict[int, np.ndarray]) -> None:
+        dst = env[root].reshape(shape)
+        fn([env[i] for i in ins], dst)
+        env[o] = dst
+    return step

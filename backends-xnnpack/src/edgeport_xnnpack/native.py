@@ -31,6 +31,7 @@ __all__ = [
     "FLAG_EXTERNAL_OUTPUT",
     "INVALID_VALUE_ID",
     "INSTALL_HINT",
+    "ChannelShuffle",
     "Library",
     "MAX_TENSOR_DIMS",
     "Runtime",
@@ -41,6 +42,7 @@ __all__ = [
     "XnnpackError",
     "is_available",
     "library",
+    "padded_empty",
 ]
 
 INSTALL_HINT = (
@@ -116,6 +118,8 @@ _DEFINERS: dict[str, tuple[Any, ...]] = {
     "copy": (U32, U32, U32),
     "tanh": (U32, U32, U32),
 }
+_OPERATOR_FNS = ("xnn_create_channel_shuffle_nc_x32", "xnn_setup_channel_shuffle_nc_x32", "xnn_run_operator",
+                 "xnn_delete_operator")
 _WEIGHT_NODES = {"convolution_2d": 16, "deconvolution_2d": 18, "depthwise_convolution_2d": 15,
                  "fully_connected": 3}  # argument index of filter_id; bias_id follows
 
@@ -173,6 +177,12 @@ class Library:
         self._fn(x, "xnn_setup_runtime", c_int, c_void_p, SZ, POINTER(_ExternalValue))
         self._fn(x, "xnn_invoke_runtime", c_int, c_void_p)
         self._fn(x, "xnn_delete_runtime", c_int, c_void_p)
+        self.operators = all(hasattr(x, n) for n in _OPERATOR_FNS)
+        if self.operators:
+            self._fn(x, "xnn_create_channel_shuffle_nc_x32", c_int, SZ, SZ, SZ, SZ, U32, POINTER(c_void_p))
+            self._fn(x, "xnn_setup_channel_shuffle_nc_x32", c_int, c_void_p, SZ, c_void_p, c_void_p, c_void_p)
+            self._fn(x, "xnn_run_operator", c_int, c_void_p, c_void_p)
+            self._fn(x, "xnn_delete_operator", c_int, c_void_p)
         self._fn(p, "pthreadpool_create", c_void_p, SZ)
         self._fn(p, "pthreadpool_destroy", None, c_void_p)
         self._fn(p, "pthreadpool_get_threads_count", SZ, c_void_p)
@@ -461,11 +471,89 @@ class Subgraph:
             pass
 
 
+def _near_page_end(end: int) -> bool:
+    """Whether reading ``EXTRA_BYTES`` past ``end`` (exclusive) may touch the next page."""
+    return (end - 1) // _PAGE != (end - 1 + EXTRA_BYTES) // _PAGE
+
+
+def padded_empty(shape: Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+    """An uninitialized C-contiguous, 64-byte aligned array followed by at least ``EXTRA_BYTES`` of its own
+    memory and not ending within ``EXTRA_BYTES`` of a page end, so binding it as an input never needs staging."""
+    dt = np.dtype(dtype)
+    n = math.prod(shape) * dt.itemsize
+    raw = np.empty(n + EXTRA_BYTES + 192, np.uint8)
+    off = -raw.ctypes.data % 64
+    if n and _near_page_end(raw.ctypes.data + off + n):
+        off += 64
+    return raw[off:off + n].view(dt).reshape(tuple(shape))
+
+
+class _Bindings:
+    """Checked pointers of the external buffers of one runtime or operator, remembered between calls.
+
+    ``bind(arrays)`` validates each array (C-contiguous numpy array of the exact byte size; outputs writable),
+    stages an input that ends within ``EXTRA_BYTES`` of a page end in a padded copy, and returns whether a
+    pointer differs from the last bound one (the caller then re-runs XNNPACK's setup). The last bound arrays
+    are referenced until the next bind or ``clear``, so memory XNNPACK points to cannot be freed meanwhile.
+    """
+
+    def __init__(self, names: Sequence[Any], nbytes: Sequence[int], outputs: Sequence[bool]) -> None:
+        self.names, self.nbytes, self.outputs = list(names), list(nbytes), list(outputs)
+        n = len(self.names)
+        self.arrays: list[Any] = [None] * n
+        self.ptrs: list[int] = [0] * n
+        self.stage: list[np.ndarray | None] = [None] * n
+        self.valid = False  # setup succeeded with self.ptrs
+
+    def bind(self, arrays: Sequence[Any]) -> bool:
+        if len(arrays) != len(self.names):
+            raise XnnpackError(f"expected {len(self.names)} buffers ({self.names}), got {len(arrays)}")
+        try:
+            return self._bind(arrays)
+        except BaseException:
+            self.valid = False  # some pointers may have been replaced: set up again next time
+            raise
+
+    def _bind(self, arrays: Sequence[Any]) -> bool:
+        changed = not self.valid
+        for i, a in enumerate(arrays):
+            if a is self.arrays[i]:
+                if self.outputs[i] and not a.flags.writeable:
+                    raise XnnpackError(f"external output {self.names[i]} is read-only")
+                st = self.stage[i]
+                if st is not None:
+                    st[: a.nbytes] = a.reshape(-1).view(np.uint8)
+                continue
+            nb = self.nbytes[i]
+            if type(a) is not np.ndarray or not a.flags.c_contiguous or a.nbytes != nb:
+                raise XnnpackError(f"external value {self.names[i]} needs a C-contiguous array of {nb} bytes")
+            ptr = a.ctypes.data
+            st = None
+            if self.outputs[i]:
+                if not a.flags.writeable:
+                    raise XnnpackError(f"external output {self.names[i]} is read-only")
+            elif nb and _near_page_end(ptr + nb):
+                st = np.empty(nb + EXTRA_BYTES, np.uint8)
+                st[:nb] = a.reshape(-1).view(np.uint8)
+                ptr = st.ctypes.data
+            self.stage[i] = st
+            self.arrays[i] = a
+            if ptr != self.ptrs[i]:
+                self.ptrs[i] = ptr
+                changed = True
+        return changed
+
+    def clear(self) -> None:
+        n = len(self.names)
+        self.arrays, self.ptrs, self.stage, self.valid = [None] * n, [0] * n, [None] * n, False
+
+
 class Runtime:
     """An ``xnn_runtime_t`` built from a :class:`Subgraph`; owns what XNNPACK still points to after creation.
 
     Static data that XNNPACK packs at creation (convolution / fully-connected filters and biases read by no
     other node) is *not* retained, so the caller may release it; all other static data is kept alive here.
+    ``xnn_setup_runtime`` runs only when a bound pointer changed since the last successful setup.
     """
 
     def __init__(self, subgraph: Subgraph, pool: ThreadPool | None = None, flags: int = 0) -> None:
@@ -480,38 +568,45 @@ class Runtime:
                      if vid < 0 or subgraph._reads.get(vid, {"input"}) != {"weight"}}
         self.externals = {vid: (dt, dims, subgraph.flags[vid]) for vid, (dt, dims) in subgraph.shapes.items()
                           if subgraph.flags.get(vid)}
-        self._ext = (_ExternalValue * max(len(self.externals), 1))()
-        self._scratch: dict[int, np.ndarray] = {}
+        self.order = list(self.externals)  # the external value ids in the order run_list takes buffers
+        self._ext = (_ExternalValue * max(len(self.order), 1))()
+        for i, vid in enumerate(self.order):
+            self._ext[i].id = vid
+        self._bindings = _Bindings(self.order, [self.nbytes(v) for v in self.order],
+                                   [bool(self.externals[v][2] & FLAG_EXTERNAL_OUTPUT) for v in self.order])
+        self.setups = 0  # how many times xnn_setup_runtime ran (diagnostics)
+
+    @property
+    def _scratch(self) -> dict[int, np.ndarray]:
+        """Inputs currently staged in padded copies (value id -> staging buffer)."""
+        b = self._bindings
+        return {vid: st for vid, st in zip(b.names, b.stage, strict=True) if st is not None}
 
     def nbytes(self, vid: int) -> int:
         dt, dims, _ = self.externals[vid]
         return math.prod(dims) * DATATYPE_ITEMSIZE[dt]
 
     def run(self, buffers: dict[int, np.ndarray]) -> None:
-        """Bind every external value to a numpy buffer (no copies, except an input that ends within
-        ``EXTRA_BYTES`` of a page boundary, which is staged in a padded buffer), then invoke."""
+        """Bind every external value (id -> numpy buffer) and invoke; see :meth:`run_list`."""
         if not self.handle:
             raise XnnpackError("the runtime was deleted")
         if set(buffers) != set(self.externals):
             raise XnnpackError(f"external values {sorted(self.externals)} expected, got {sorted(buffers)}")
-        for i, (vid, arr) in enumerate(buffers.items()):
-            _, _, flags = self.externals[vid]
-            if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous or arr.nbytes != self.nbytes(vid):
-                raise XnnpackError(f"external value {vid} needs a C-contiguous array of {self.nbytes(vid)} bytes")
-            if flags & FLAG_EXTERNAL_OUTPUT and not arr.flags.writeable:
-                raise XnnpackError(f"external output {vid} is read-only")
-            ptr = arr.ctypes.data
-            if flags & FLAG_EXTERNAL_INPUT and not flags & FLAG_EXTERNAL_OUTPUT and arr.nbytes:
-                end = ptr + arr.nbytes
-                if (end - 1) // _PAGE != (end - 1 + EXTRA_BYTES) // _PAGE:
-                    stage = self._scratch.get(vid)
-                    if stage is None:
-                        stage = self._scratch[vid] = np.empty(arr.nbytes + EXTRA_BYTES, np.uint8)
-                    stage[: arr.nbytes] = arr.reshape(-1).view(np.uint8)
-                    ptr = stage.ctypes.data
-            self._ext[i].id = vid
-            self._ext[i].data = ptr
-        self.lib.check(self.lib.xnn.xnn_setup_runtime(self.handle, len(buffers), self._ext), "xnn_setup_runtime")
+        self.run_list([buffers[vid] for vid in self.order])
+
+    def run_list(self, arrays: Sequence[np.ndarray]) -> None:
+        """Bind ``arrays`` (one per id of :attr:`order`) without copying them, except an input that ends within
+        ``EXTRA_BYTES`` of a page boundary (staged in a padded buffer), set up if a pointer changed, invoke."""
+        if not self.handle:
+            raise XnnpackError("the runtime was deleted")
+        b = self._bindings
+        if b.bind(arrays):
+            b.valid = False
+            for i, ptr in enumerate(b.ptrs):
+                self._ext[i].data = ptr
+            self.lib.check(self.lib.xnn.xnn_setup_runtime(self.handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
+            b.valid = True
+            self.setups += 1
         self.lib.check(self.lib.xnn.xnn_invoke_runtime(self.handle), "xnn_invoke_runtime")
 
     def close(self) -> None:
@@ -519,6 +614,66 @@ class Runtime:
             self.lib.xnn.xnn_delete_runtime(self.handle)
         self.handle = None
         self.keep = {}
+        self._bindings.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class ChannelShuffle:
+    """XNNPACK's ``channel_shuffle_nc_x32`` operator: ``batch`` items of ``[groups, group_channels]`` 32-bit
+    elements transposed to ``[group_channels, groups]`` (groups = C, group_channels = H*W is NCHW -> NHWC; the
+    reverse is groups = H*W, group_channels = C). Created once; set up again only when a pointer changes; runs
+    on ``pool``. ``close()`` deletes the operator."""
+
+    def __init__(self, batch: int, groups: int, group_channels: int, pool: ThreadPool | None = None) -> None:
+        self.lib = library()
+        if not self.lib.operators:
+            raise XnnpackError("this libXNNPACK has no channel_shuffle_nc_x32 operator")
+        for what, v in (("batch", batch), ("groups", groups), ("group_channels", group_channels)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31:
+                raise XnnpackError(f"channel shuffle {what} must be an int in 1..2**31-1, got {v!r}")
+        if groups < 2:
+            raise XnnpackError("channel shuffle needs at least 2 groups")
+        self.batch, self.groups, self.group_channels = batch, groups, group_channels
+        self.pool = pool
+        c = groups * group_channels
+        h = c_void_p()
+        self.lib.check(self.lib.xnn.xnn_create_channel_shuffle_nc_x32(groups, group_channels, c, c, 0,
+                                                                      ctypes.byref(h)),
+                       "xnn_create_channel_shuffle_nc_x32")
+        self.handle: int | None = h.value
+        self._bindings = _Bindings(["input", "output"], [batch * c * 4] * 2, [False, True])
+        self.setups = 0
+
+    def run(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """``dst`` (any 4-byte dtype, exact byte size, writable) = the shuffled ``src``; they must not overlap."""
+        if not self.handle:
+            raise XnnpackError("the channel shuffle operator was deleted")
+        b = self._bindings
+        if b.bind((src, dst)):
+            b.valid = False
+            if src.itemsize != 4 or dst.itemsize != 4:
+                raise XnnpackError("channel shuffle moves 32-bit elements")
+            if np.shares_memory(src, dst):
+                raise XnnpackError("channel shuffle input and output overlap")
+            pool = self.pool.handle if self.pool else None
+            self.lib.check(self.lib.xnn.xnn_setup_channel_shuffle_nc_x32(self.handle, self.batch, b.ptrs[0],
+                                                                         b.ptrs[1], pool),
+                           "xnn_setup_channel_shuffle_nc_x32")
+            b.valid = True
+            self.setups += 1
+        self.lib.check(self.lib.xnn.xnn_run_operator(self.handle, self.pool.handle if self.pool else None),
+                       "xnn_run_operator")
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.xnn.xnn_delete_operator(self.handle)
+        self.handle = None
+        self._bindings.clear()
 
     def __del__(self) -> None:  # pragma: no cover - safety net
         try:

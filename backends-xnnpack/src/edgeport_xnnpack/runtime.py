@@ -23,7 +23,8 @@ from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack import native
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
-from edgeport_xnnpack._host import HOST_KINDS, make_host_fn
+from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
+from edgeport_xnnpack._plan import is_view, place, schedule
 from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
@@ -41,17 +42,47 @@ def _fail(msg: str) -> ProgramError:
 
 @dataclass
 class _Native:
+    """A native XNNPACK runtime; ``vids`` = the blob value bound to each of its external ids, in order."""
+
     runtime: native.Runtime
-    bind: list[tuple[int, int]]  # (subgraph external id, blob value id)
+    vids: list[int]
     label: str
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        self.runtime.run_list([env[v] for v in self.vids])
+
+    def close(self) -> None:
+        self.runtime.close()
 
 
 @dataclass
 class _Host:
-    fn: Callable[[Sequence[np.ndarray], np.ndarray], None]
-    inputs: list[int]
-    output: int
+    """A numpy host segment (see :class:`~edgeport_xnnpack._host.HostSegment`)."""
+
+    segment: HostSegment
     label: str
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        self.segment.run(env)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Shuffle:
+    """A 2-D transpose run by XNNPACK's channel-shuffle operator."""
+
+    op: native.ChannelShuffle
+    src: int
+    dst: int
+    label: str
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        self.op.run(env[self.src], env[self.dst])
+
+    def close(self) -> None:
+        self.op.close()
 
 
 @dataclass
@@ -60,10 +91,11 @@ class XnnpackHandle:
 
     inputs: list[tuple[int, tuple[int, ...]]]   # (value id, dims) in call order
     outputs: list[tuple[int, tuple[int, ...]]]
-    steps: list[_Native | _Host]
+    steps: list[_Native | _Host | _Shuffle]
     buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
     pool: native.ThreadPool | None
     summary: dict[str, int] = field(default_factory=dict)
+    env: dict[int, np.ndarray] = field(default_factory=dict)  # value id -> array during a run
     alive: bool = True
 
 
@@ -181,46 +213,74 @@ class _Planner:
             raise _fail(f"{n.kind} is not supported: {why}")
         return False
 
+    def _as_reshape(self, n: XNode) -> XNode:
+        """A view node (copy, transpose of size-1 dims) as the equivalent static reshape."""
+        if n.kind == "XNNStaticReshape" or not is_view(n, self.values, self.dims):
+            return n
+        i, o = n.inputs()[0], n.outputs()[0]
+        return XNode("XNNStaticReshape", {"num_dims": len(self.dims[o]), "new_shape": list(self.dims[o]),
+                                          "input_id": i, "output_id": o, "flags": 0})
+
     def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
-        groups: list[tuple[bool, list[XNode]]] = []
-        for n in self.g.nodes:
-            nat = self.native_ok(n)
-            if nat and groups and groups[-1][0]:
-                groups[-1][1].append(n)
-            else:
-                groups.append((nat, [n]))
+        nodes = [self._as_reshape(n) for n in self.g.nodes]
+        nat = [self.native_ok(n) for n in nodes]
+        placed = place(nodes, nat, self.values, self.dims, set(self.const), self.lib.operators)
+        groups = schedule(nodes, placed.sides)
         producer: dict[int, int] = {}
-        for gi, (_, nodes) in enumerate(groups):
-            for n in nodes:
-                for o in n.outputs():
+        for gi, (_, idx) in enumerate(groups):
+            for j in idx:
+                for o in nodes[j].outputs():
                     producer[o] = gi
         crossing: set[int] = set(outputs)
-        for gi, (nat, nodes) in enumerate(groups):
-            if not nat:  # a host step writes into a buffer even when nothing reads it
-                crossing.update(o for n in nodes for o in n.outputs())
-            for n in nodes:
-                for vid in n.inputs():
+        host_const: set[int] = set()
+        for gi, (side, idx) in enumerate(groups):
+            for j in idx:
+                for vid in nodes[j].inputs():
                     if vid in producer and producer[vid] != gi:
                         crossing.add(vid)
-                    if not nat and vid in self.const:
-                        crossing.add(vid)
-        buffers: dict[int, np.ndarray] = {}
-        for vid in crossing - set(outputs):
-            dt = np.dtype(_NP[self.values[vid].datatype])
-            buffers[vid] = (np.array(self.const[vid]) if vid in self.const else np.empty(self.dims[vid], dt))
-        steps: list[_Native | _Host] = []
+                    if side != "N" and vid in self.const:
+                        host_const.add(vid)
+                if side == "S":
+                    crossing.update(nodes[j].outputs())
+        buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
+        for vid in sorted(crossing - set(outputs) - set(buffers)):
+            buffers[vid] = native.padded_empty(self.dims[vid], _NP[self.values[vid].datatype])
+        steps: list[_Native | _Host | _Shuffle] = []
         external = set(inputs) | crossing
-        for gi, (nat, nodes) in enumerate(groups):
-            if nat:
-                steps.append(self._segment(gi, nodes, external, pool))
-            else:
-                n = nodes[0]
-                try:
-                    fn = make_host_fn(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]])
-                except ValueError as exc:
-                    raise _fail(f"{n.kind}: {exc}") from exc
-                steps.append(_Host(fn, n.inputs(), n.outputs()[0], n.kind))
+        try:
+            for gi, (side, idx) in enumerate(groups):
+                group = [nodes[j] for j in idx]
+                if side == "N":
+                    steps.append(self._segment(gi, group, external, pool))
+                elif side == "S":
+                    steps.append(self._shuffle(group[0], placed.shuffles[idx[0]], pool))
+                else:
+                    steps.append(self._host(group, external))
+        except BaseException:
+            for step in steps:
+                step.close()
+            raise
         return steps, buffers
+
+    def _host(self, group: list[XNode], materialize: set[int]) -> _Host:
+        ops = []
+        for n in group:
+            try:
+                ops.append(make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
+            except ValueError as exc:
+                raise _fail(f"{n.kind}: {exc}") from exc
+        kinds = sorted({n.kind.removeprefix("XNN") for n in group})
+        return _Host(HostSegment(group, ops, materialize, self.dims.__getitem__),
+                     f"host[{len(group)} nodes: {', '.join(kinds)}]")
+
+    def _shuffle(self, n: XNode, sd: tuple[int, int, int], pool: native.ThreadPool | None) -> _Shuffle:
+        try:
+            op = native.ChannelShuffle(*sd, pool=pool)
+        except native.XnnpackError as exc:
+            raise _fail(f"{n.kind}: {exc}") from exc
+        return _Shuffle(op, n.get("input_id"), n.get("output_id"),
+                        f"channel_shuffle[{'x'.join(map(str, self.dims[n.get('input_id')]))} perm "
+                        f"{list(n.get('perm'))}]")
 
     def _segment(self, gi: int, nodes: list[XNode], external: set[int], pool: native.ThreadPool | None) -> _Native:
         used: list[int] = []
@@ -262,7 +322,8 @@ class _Planner:
             raise _fail(f"step {gi} ({', '.join(sorted({n.kind for n in nodes}))}): {exc}") from exc
         finally:
             sg.close()
-        return _Native(runtime, bind, f"xnnpack[{len(nodes)} nodes]")
+        by_ext = dict(bind)
+        return _Native(runtime, [by_ext[k] for k in runtime.order], f"xnnpack[{len(nodes)} nodes]")
 
     @staticmethod
     def _define(sg: native.Subgraph, v: TensorValue, dims: tuple[int, ...], data: np.ndarray | None, ext: int,
@@ -320,9 +381,10 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
             native.shared_pools.release(pool)
         raise
     summary = {"native_steps": sum(isinstance(s, _Native) for s in steps),
-               "host_steps": sum(isinstance(s, _Host) for s in steps), "nodes": len(graph.nodes)}
+               "host_steps": sum(isinstance(s, _Host) for s in steps),
+               "operator_steps": sum(isinstance(s, _Shuffle) for s in steps), "nodes": len(graph.nodes)}
     return XnnpackHandle([(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs],
-                         steps, buffers, pool, summary)
+                         steps, buffers, pool, summary, dict(buffers))
 
 
 class XnnpackExecutor(RuntimeExecutor):
@@ -341,30 +403,34 @@ class XnnpackExecutor(RuntimeExecutor):
              named_data: NamedData | None = None) -> XnnpackHandle:
         return load(processed, compile_specs, named_data, self.num_threads)
 
-    def execute(self, handle: XnnpackHandle, inputs: Sequence[Any]) -> list[np.ndarray]:
+    def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
+                out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """Run the delegate. ``out`` (optional): one entry per output, a writable C-contiguous float32 array of
+        the output's shape to compute into, or ``None``; the returned list holds those same arrays."""
         if not isinstance(handle, XnnpackHandle) or not handle.alive:
             raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
         if len(inputs) != len(handle.inputs):
             raise RuntimeExecutionError(f"{BACKEND_ID}: expected {len(handle.inputs)} inputs, got {len(inputs)}")
-        env = dict(handle.buffers)
-        for k, ((vid, dims), x) in enumerate(zip(handle.inputs, inputs, strict=True)):
-            a = np.asarray(x)
-            if a.dtype != np.float32 or a.shape != dims:
-                raise RuntimeExecutionError(
-                    f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, got {a.dtype} {list(a.shape)}")
-            env[vid] = np.ascontiguousarray(a)
-        results = [np.empty(dims, np.float32) for _, dims in handle.outputs]
-        for (vid, _), out in zip(handle.outputs, results, strict=True):
-            env[vid] = out
+        results = _outputs(handle, out)
         with self._lock:
-            for step in handle.steps:
-                try:
-                    if isinstance(step, _Native):
-                        step.runtime.run({k: env[vid] for k, vid in step.bind})
-                    else:
-                        step.fn([env[i] for i in step.inputs], env[step.output])
-                except (native.XnnpackError, ValueError) as exc:
-                    raise RuntimeExecutionError(f"{BACKEND_ID}: {step.label} failed: {exc}") from exc
+            env = handle.env
+            for k, (vid, dims) in enumerate(handle.inputs):
+                a = inputs[k]
+                if type(a) is not np.ndarray:
+                    a = np.asarray(a)
+                if a.dtype != _F32 or a.shape != dims:
+                    raise RuntimeExecutionError(f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, "
+                                                f"got {a.dtype} {list(a.shape)}")
+                env[vid] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+            for (vid, _), r in zip(handle.outputs, results, strict=True):
+                env[vid] = r
+            step = None
+            try:
+                for step in handle.steps:
+                    step.run(env)
+            except (native.XnnpackError, ValueError) as exc:
+                label = step.label if step is not None else "?"
+                raise RuntimeExecutionError(f"{BACKEND_ID}: {label} failed: {exc}") from exc
         return results
 
     def destroy(self, handle: XnnpackHandle) -> None:
@@ -372,9 +438,32 @@ class XnnpackExecutor(RuntimeExecutor):
             return
         handle.alive = False
         for step in handle.steps:
-            if isinstance(step, _Native):
-                step.runtime.close()
-        handle.steps, handle.buffers = [], {}
+            step.close()
+        handle.steps, handle.buffers, handle.env = [], {}, {}
         if handle.pool is not None:
             native.shared_pools.release(handle.pool)
             handle.pool = None
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _outputs(handle: XnnpackHandle, out: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
+    """The arrays the outputs are computed into: ``out``'s entries (checked), fresh arrays for ``None``."""
+    if out is None:
+        return [np.empty(dims, np.float32) for _, dims in handle.outputs]
+    if len(out) != len(handle.outputs):
+        raise RuntimeExecutionError(f"{BACKEND_ID}: out has {len(out)} entries, the delegate has "
+                                    f"{len(handle.outputs)} outputs")
+    results = []
+    for k, ((_, dims), a) in enumerate(zip(handle.outputs, out, strict=True)):
+        if a is None:
+            a = np.empty(dims, np.float32)
+        elif type(a) is not np.ndarray or a.dtype != _F32 or a.shape != dims or not a.flags.c_contiguous \
+                or not a.flags.writeable:
+            got = (f"{a.dtype} {list(a.shape)}, C-contiguous={a.flags.c_contiguous}, writeable={a.flags.writeable}"
+                   if isinstance(a, np.ndarray) else type(a).__name__)
+            raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k}] must be a writable C-contiguous float32 array of "
+                                        f"shape {list(dims)}, got {got}")
+        results.append(a)
+    return results

@@ -1,0 +1,187 @@
+"""Which side runs each blob node, and in which order (torch-free).
+
+Every node gets a side: ``N`` (inside a native XNNPACK runtime), ``H`` (a numpy host segment) or ``S`` (the
+library's channel-shuffle *operator*, for 2-D transposes of 32-bit elements). Nodes this libXNNPACK cannot
+define are ``H``; the others are ``N``, except flexible ones placed where they are cheapest:
+
+- *views* (reshapes, copies, transposes that only move size-1 dims) go to the host, where they are free numpy
+  views, unless they take a natively produced (or external) value to a native consumer;
+- a multiplication by a one-element constant goes to the host when its operand comes from the host and
+  nothing native reads its result (it would otherwise cut a host segment in two);
+- a 2-D transpose becomes an ``S`` operator step unless it touches host values (then it is a free view).
+
+Then the nodes are list-scheduled (dependencies respected, blob order as tie-break) staying on one side as
+long as a node of that side is ready, so each side's nodes cluster into few, long steps.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
+
+_VIEW_KINDS = ("XNNStaticReshape", "XNNCopy")
+
+
+def valid_perm(shape: Sequence[int], perm: Sequence[int], out: Sequence[int]) -> bool:
+    """``perm`` permutes the axes of ``shape`` into ``out``."""
+    return sorted(perm) == list(range(len(shape))) and tuple(shape[p] for p in perm) == tuple(out)
+
+
+def squeeze_perm(shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``perm`` (a valid permutation) restricted to the axes of ``shape`` that are not 1: (sizes in input order,
+    permutation)."""
+    keep = [a for a in range(len(shape)) if shape[a] != 1]
+    rank = {a: i for i, a in enumerate(keep)}
+    return [shape[a] for a in keep], [rank[p] for p in perm if shape[p] != 1]
+
+
+def shuffle_dims(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, int, int] | None:
+    """``(batch, groups, group_channels)`` if transposing ``shape`` by ``perm`` is ``batch`` independent 2-D
+    transposes of ``[groups, group_channels]`` (both >= 2), else ``None``."""
+    sizes, p = squeeze_perm(shape, perm)
+    runs: list[list[int]] = []  # maximal runs of input axes that stay adjacent and in order
+    for a in p:
+        if runs and runs[-1][-1] + 1 == a:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    merged = sorted(runs)
+    size = [_prod(sizes[a] for a in r) for r in merged]
+    order = [merged.index(r) for r in runs]
+    if order == [1, 0]:
+        return 1, size[0], size[1]
+    if order == [0, 2, 1]:
+        return size[0], size[1], size[2]
+    return None
+
+
+def _prod(xs: object) -> int:
+    out = 1
+    for x in xs:  # type: ignore[attr-defined]
+        out *= x
+    return out
+
+
+def is_view(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]]) -> bool:
+    """A node whose output is its input's data in the same order (a reshape)."""
+    if n.kind == "XNNStaticTranspose":
+        i, perm = n.get("input_id"), [int(a) for a in n.get("perm")]
+        if not valid_perm(dims[i], perm, dims[n.outputs()[0]]) or squeeze_perm(dims[i], perm)[1] != sorted(squeeze_perm(dims[i], perm)[1]):
+            return False
+    elif n.kind not in _VIEW_KINDS:
+        return False
+    i, o = n.inputs()[0], n.outputs()[0]
+    vi, vo = values[i], values[o]
+    return vi.datatype == vo.datatype == FP32 and vi.quant is None and vo.quant is None
+
+
+@dataclass
+class Placement:
+    sides: list[str]   # per node: "N", "H" or "S"
+    views: set[int]    # node indices that are views
+    shuffles: dict[int, tuple[int, int, int]]  # node index -> channel-shuffle dims (side "S" only)
+
+
+def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, TensorValue],
+          dims: dict[int, tuple[int, ...]], const: set[int], operators: bool) -> Placement:
+    """Choose each node's side (see the module docstring)."""
+    producer: dict[int, int] = {}
+    consumers: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for o in n.outputs():
+            producer[o] = i
+        for v in set(n.inputs()):
+            consumers.setdefault(v, []).append(i)
+    sides: list[str] = []
+    views: set[int] = set()
+    flex_mul: set[int] = set()
+    shuffle: dict[int, tuple[int, int, int]] = {}
+    for i, n in enumerate(nodes):
+        nat = native[i]
+        if is_view(n, values, dims):
+            views.add(i)
+        elif nat and n.kind == "XNNMultiply" and _scalar_operand(n, values, dims, const):
+            flex_mul.add(i)
+        elif n.kind == "XNNStaticTranspose" and operators and values[n.outputs()[0]].datatype == FP32 \
+                and n.get("input_id") not in const:
+            shape, perm = dims[n.get("input_id")], [int(a) for a in n.get("perm")]
+            sd = shuffle_dims(shape, perm) if valid_perm(shape, perm, dims[n.outputs()[0]]) else None
+            if sd is not None:
+                shuffle[i] = sd
+        sides.append("N" if nat else "H")
+    for i in views | flex_mul:
+        sides[i] = "H"
+    for i in shuffle:
+        sides[i] = "S"
+
+    def src(v: int) -> str:  # side that produces v's data, through views ("X": input or constant)
+        while v in producer and producer[v] in views:
+            v = nodes[producer[v]].inputs()[0]
+        return sides[producer[v]] if v in producer else "X"
+
+    def users(v: int) -> set[str]:  # sides of the non-view nodes that read v, through views
+        out: set[str] = set()
+        for c in consumers.get(v, ()):
+            out |= users(nodes[c].outputs()[0]) if c in views else {sides[c]}
+        return out
+
+    for _ in range(8):
+        changed = False
+        for i in sorted(views | flex_mul | set(shuffle)):
+            n = nodes[i]
+            data_in = [v for v in n.inputs() if v not in const]
+            s_in = src(data_in[0]) if data_in else "X"
+            s_out = users(n.outputs()[0])
+            if i in views:
+                new = "N" if s_in in ("N", "X") and "N" in s_out else "H"
+            elif i in flex_mul:
+                new = "H" if s_in == "H" and "N" not in s_out else "N"
+            else:
+                new = "H" if s_in == "H" or "H" in s_out else "S"
+            if new != sides[i]:
+                sides[i], changed = new, True
+        if not changed:
+            break
+    return Placement(sides, views, {i: sd for i, sd in shuffle.items() if sides[i] == "S"})
+
+
+def _scalar_operand(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
+                    const: set[int]) -> bool:
+    a, b = n.get("input1_id"), n.get("input2_id")
+    scalar = [v for v in (a, b) if v in const and _prod(dims[v]) == 1]
+    return len(scalar) == 1 and all(values[v].datatype == FP32 and values[v].quant is None
+                                    for v in (a, b, n.get("output_id")))
+
+
+def schedule(nodes: Sequence[XNode], sides: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """Group node indices into steps ``(side, [node indices])`` in a dependency-respecting order that stays on
+    one side while it can (``S`` nodes are one step each)."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs()}
+    deps = [{producer[v] for v in n.inputs() if v in producer} for n in nodes]
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    waiting = [len(d) for d in deps]
+    ready: dict[str, list[int]] = {"N": [], "H": [], "S": []}
+    for i, w in enumerate(waiting):
+        if w == 0:
+            heapq.heappush(ready[sides[i]], i)
+    groups: list[tuple[str, list[int]]] = []
+    side = ""
+    while any(ready.values()):
+        if side in ("N", "H") and ready[side]:
+            pick = heapq.heappop(ready[side])
+        else:
+            side = min((h[0], s) for s, h in ready.items() if h)[1]
+            pick = heapq.heappop(ready[side])
+            groups.append((side, []))
+        groups[-1][1].append(pick)
+        for u in users[pick]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready[sides[u]], u)
+    return groups
