@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
 from torch._ops import OpOverload
 from torch.export import ExportedProgram
+from torch.fx import traceback as fx_traceback
 
 from edgeport.aot.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
@@ -51,26 +53,160 @@ def _attach_lowered_modules(gm: torch.fx.GraphModule) -> None:
             index += 1
 
 
-def _decomposition_table(keep: Sequence[OpOverload]) -> Any:
-    table = torch.export.default_decompositions()
+def _decomposition_table(
+    keep: Collection[OpOverload], keep_marked: Collection[OpOverload] = (), table: Any = None
+) -> Any:
+    """torch's core-ATen table (or ``table``) without ``keep``; ops in ``keep_marked`` stay whole on marked nodes."""
+    table = torch.export.default_decompositions() if table is None else table
     for op in keep:
         if op in table:
             table.pop(op)
+    for op in keep_marked:
+        if op in table:
+            table[op] = _unless_marked(op, table[op])
     return table
+
+
+_KEEP_WHOLE = "edgeport_keep_whole"
+"""``node.meta`` key naming the op a node keeps whole; set only between the two decomposition passes."""
+
+
+def _unless_marked(op: OpOverload, decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``op``'s decomposition so that it declines on nodes marked with ``_KEEP_WHOLE``.
+
+    ``run_decompositions`` retraces the graph with node meta preserved, so the meta of the node being retraced
+    is ``fx_traceback.get_current_meta()``; returning ``NotImplemented`` from a decomposition tells torch to
+    keep the op. An op reached while decomposing some other node sees that node's meta and is decomposed.
+    """
+
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        if fx_traceback.get_current_meta().get(_KEEP_WHOLE) is op:
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return decompose
+
+
+def _decompose(name: str, ep: ExportedProgram, table: Any) -> ExportedProgram:
+    try:
+        return ep.run_decompositions(table)
+    except Exception as exc:  # torch raises many types here; name the method and the cause
+        raise ExportError(f"method {name!r}: decomposition to core ATen failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
+    """``gm`` and the graph modules its ``get_attr`` nodes reach (control-flow branches), depth first."""
+    yield gm
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                yield from _graph_modules(sub)
+
+
+def _finish_edge_program(
+    name: str, ep: ExportedProgram, config: EdgeCompileConfig, allowed: Sequence[OpOverload]
+) -> ExportedProgram:
+    normalize_edge_ops(ep.graph_module)
+    _attach_lowered_modules(ep.graph_module)
+    if config._check_ir_validity:
+        verify_edge_graph(ep.graph_module, method=name, allowed=[*allowed, *config._core_aten_ops_exception_list])
+    return ep
 
 
 def _to_edge_program(
     name: str, ep: ExportedProgram, config: EdgeCompileConfig, keep: Sequence[OpOverload]
 ) -> ExportedProgram:
-    try:
-        ep = ep.run_decompositions(_decomposition_table(keep))
-    except Exception as exc:  # torch raises many types here; name the method and the cause
-        raise ExportError(f"method {name!r}: decomposition to core ATen failed: {type(exc).__name__}: {exc}") from exc
-    normalize_edge_ops(ep.graph_module)
-    _attach_lowered_modules(ep.graph_module)
-    if config._check_ir_validity:
-        verify_edge_graph(ep.graph_module, method=name, allowed=[*keep, *config._core_aten_ops_exception_list])
-    return ep
+    return _finish_edge_program(name, _decompose(name, ep, _decomposition_table(keep)), config, keep)
+
+
+NodeFilter = Callable[[torch.fx.Node], bool]
+
+
+@dataclass(frozen=True)
+class _KeepRequest:
+    """One partitioner's ``ops_to_not_decompose`` answer."""
+
+    partitioner: Partitioner
+    ops: tuple[OpOverload, ...]
+    node_filter: NodeFilter | None
+
+    def keeps(self, node: torch.fx.Node, method: str) -> bool:
+        if node.target not in self.ops:
+            return False
+        if self.node_filter is None:
+            return True
+        try:
+            return bool(self.node_filter(node))
+        except Exception as exc:
+            raise PartitionError(
+                f"method {method!r}: the ops_to_not_decompose filter of {type(self.partitioner).__name__} raised "
+                f"{type(exc).__name__} on node {node.name!r} ({node.target}): {exc}"
+            ) from exc
+
+
+def _keep_requests(method: str, ep: ExportedProgram, partitioners: Sequence[Partitioner]) -> list[_KeepRequest]:
+    requests = []
+    for p in partitioners:
+        who = f"method {method!r}: {type(p).__name__}.ops_to_not_decompose"
+        try:
+            answer = p.ops_to_not_decompose(ep)
+        except Exception as exc:
+            raise PartitionError(f"{who} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+            raise PartitionError(f"{who} must return (list of OpOverload, filter or None), got {answer!r}")
+        ops, node_filter = answer
+        ops = tuple(ops)
+        for op in ops:
+            if not isinstance(op, OpOverload):
+                hint = f"; name an overload, e.g. {op}.default" if isinstance(op, torch._ops.OpOverloadPacket) else ""
+                raise PartitionError(f"{who} listed {op!r}, which is not a torch OpOverload{hint}")
+        if node_filter is not None and not callable(node_filter):
+            raise PartitionError(f"{who} returned a filter that is not callable: {node_filter!r}")
+        requests.append(_KeepRequest(p, ops, node_filter))
+    return requests
+
+
+def _decompose_for_partitioners(
+    name: str, ep: ExportedProgram, preserved: Sequence[OpOverload], requests: Sequence[_KeepRequest]
+) -> tuple[ExportedProgram, list[OpOverload]]:
+    """Decompose to core ATen, keeping whole each node some partitioner asks for (and ``preserved`` ops).
+
+    Returns the program and the decomposable ops kept for partitioners. Like ExecuTorch, this takes two passes:
+    the first keeps every listed op whole, the second decomposes the nodes of those ops that no partitioner
+    keeps. A node is kept when a partitioner lists its op and that partitioner's filter is ``None`` or returns
+    a true value for it. Filters see the nodes of the first pass's program (including control-flow branches),
+    and are only called on nodes of the ops their partitioner lists.
+    """
+    table = torch.export.default_decompositions()
+    listed: list[OpOverload] = []
+    for request in requests:
+        listed.extend(op for op in request.ops if op not in listed and op not in preserved and op in table)
+    program = _decompose(name, ep, _decomposition_table([*preserved, *listed], table=table))
+    if not any(r.node_filter is not None for r in requests):
+        return program, listed
+    kept, rejected = 0, 0
+    for gm in _graph_modules(program.graph_module):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in listed:
+                if any(r.keeps(node, name) for r in requests):
+                    node.meta[_KEEP_WHOLE] = node.target
+                    kept += 1
+                else:
+                    rejected += 1
+    if rejected:
+        program = _decompose(name, program, _decomposition_table(preserved, keep_marked=listed))
+        remaining = sum(1 for gm in _graph_modules(program.graph_module) for n in gm.graph.nodes
+                        if n.op == "call_function" and n.target in listed)
+        if remaining < kept:  # e.g. a torch without node meta in decompositions: say so, don't lose them
+            raise ExportError(
+                f"method {name!r}: {kept} node(s) of {[str(op) for op in listed]} were to stay whole for the "
+                f"partitioners, but only {remaining} did after decomposition"
+            )
+    for gm in _graph_modules(program.graph_module):
+        for node in gm.graph.nodes:
+            node.meta.pop(_KEEP_WHOLE, None)
+    return program, listed
 
 
 def to_edge(
@@ -112,33 +248,30 @@ def to_edge_transform_and_lower(
 ) -> EdgeProgramManager:
     """Decompose (keeping what partitioners ask for), transform, and lower with partitioners in priority order.
 
-    Ops kept whole for a partitioner that end up not delegated are decomposed afterwards, and the result is
-    verified as edge IR.
+    A node of an op some partitioner returns from ``ops_to_not_decompose`` stays whole when that partitioner's
+    filter is ``None`` or accepts the node; other nodes are decomposed as usual (see
+    :func:`_decompose_for_partitioners`). Nodes kept whole that no partitioner delegates are decomposed
+    afterwards, and the result is verified as edge IR.
     """
     config = compile_config or EdgeCompileConfig()
     exported = _as_dict(programs)
     by_method = _partitioners_by_method(partitioner, list(exported))
+    relaxed = EdgeCompileConfig(**{**config.__dict__, "_check_ir_validity": False})
+    preserved = list(config.preserve_ops)
     edge: dict[str, ExportedProgram] = {}
     for name, ep in exported.items():
-        keep: list[OpOverload] = list(config.preserve_ops)
-        filters = []
-        for p in by_method[name]:
-            ops, node_filter = p.ops_to_not_decompose(ep)
-            keep.extend(op for op in ops if op not in keep)
-            if node_filter is not None:
-                filters.append(node_filter)
-        relaxed = EdgeCompileConfig(**{**config.__dict__, "_check_ir_validity": False})
-        program = _to_edge_program(name, ep, relaxed, keep)
+        requests = _keep_requests(name, ep, by_method[name])
+        program, listed = _decompose_for_partitioners(name, ep, preserved, requests)
+        program = _finish_edge_program(name, program, relaxed, [*preserved, *listed])
         if transform_passes:
             passes = transform_passes.get(name, []) if isinstance(transform_passes, Mapping) else transform_passes
             program = transform_program(program, list(passes))
         for p in by_method[name]:
             program = partition_and_lower(program, p)
-        if keep:
-            leftover = {n.target for n in program.graph.nodes if n.op == "call_function" and n.target in set(keep)}
-            leftover -= set(config.preserve_ops)
-            if leftover:
-                program = _to_edge_program(name, program, relaxed, [op for op in keep if op not in leftover])
+        leftover = any(n.op == "call_function" and n.target in listed
+                       for gm in _graph_modules(program.graph_module) for n in gm.graph.nodes)
+        if leftover:  # kept whole for a partitioner, but none took it
+            program = _to_edge_program(name, program, relaxed, preserved)
         if config._check_ir_validity:
             verify_edge_graph(program.graph_module, method=name, allowed=[*config.preserve_ops,
                                                                           *config._core_aten_ops_exception_list])

@@ -54,5 +54,9 @@ class Partitioner(ABC):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        """Ops the backend wants kept whole during edge decomposition, and an optional per-node filter."""
+        """Ops the backend wants kept whole during edge decomposition, and an optional per-node filter.
+
+        ``to_edge_transform_and_lower`` keeps a node of a listed op whole when the filter is ``None`` or returns
+        a true value for it (it is called only on nodes of the listed ops); other nodes are decomposed.
+        """
         return [], None
