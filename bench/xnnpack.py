@@ -340,7 +340,7 @@ class Probe:
 
     def __init__(self, method: Any) -> None:
         from edgeport_xnnpack import native
-        from edgeport_xnnpack.runtime import XnnpackHandle, _Host, _Native
+        from edgeport_xnnpack.runtime import XnnpackHandle, _Host, _Native, _Shuffle
 
         self.method = method
         plan = method._plan
@@ -359,24 +359,25 @@ class Probe:
             acc[key] = acc.get(key, 0.0) + dt
 
         xnn = self.lib.xnn
-        setup0, invoke0 = xnn.xnn_setup_runtime, xnn.xnn_invoke_runtime
+        # inside XNNPACK: the runtime calls and, for channel-shuffle operator steps, the operator calls
+        timed = {"xnn_setup_runtime": "xnn_setup", "xnn_invoke_runtime": "xnn_invoke",
+                 "xnn_setup_channel_shuffle_nc_x32": "xnn_setup", "xnn_run_operator": "xnn_invoke"}
+        originals = {name: getattr(xnn, name) for name in timed if hasattr(xnn, name)}
 
-        def setup(*a: Any) -> Any:
-            t = clock()
-            r = setup0(*a)
-            add("xnn_setup", clock() - t)
-            return r
+        def timer(f: Any, key: str) -> Callable[..., Any]:
+            def call(*a: Any) -> Any:
+                t = clock()
+                r = f(*a)
+                add(key, clock() - t)
+                return r
+            return call
 
-        def invoke(*a: Any) -> Any:
-            t = clock()
-            r = invoke0(*a)
-            add("xnn_invoke", clock() - t)
-            return r
-
-        xnn.xnn_setup_runtime, xnn.xnn_invoke_runtime = setup, invoke
-        self._undo.append(lambda: (setattr(xnn, "xnn_setup_runtime", setup0),
-                                   setattr(xnn, "xnn_invoke_runtime", invoke0)))
-        self.setup0, self.invoke0 = setup0, invoke0
+        for name, f in originals.items():
+            setattr(xnn, name, timer(f, timed[name]))
+        self._undo.append(lambda: [setattr(xnn, n, f) for n, f in originals.items()])
+        self.setup0, self.invoke0 = originals["xnn_setup_runtime"], originals["xnn_invoke_runtime"]
+        self.originals = originals
+        self.operators: list[Any] = []
         binders0 = list(plan.binders)
 
         def wrap_binder(b: Callable[..., Any]) -> Callable[..., Any]:
@@ -393,49 +394,47 @@ class Probe:
             ex = d.executor
             ex_exec0 = ex.execute
 
-            def ex_exec(handle: Any, inputs: Any, _f: Any = ex_exec0) -> Any:
+            def ex_exec(handle: Any, inputs: Any, out: Any = None, _f: Any = ex_exec0) -> Any:
                 t = clock()
-                r = _f(handle, inputs)
+                r = _f(handle, inputs) if out is None else _f(handle, inputs, out=out)
                 add("executor.execute", clock() - t)
                 return r
 
             ex.execute = ex_exec
             self._undo.append(lambda ex=ex: ex.__dict__.pop("execute", None))
             for step in d.handle.steps:
-                if isinstance(step, _Native):
-                    rt = step.runtime
-                    self.natives.append(rt)
-                    run0 = rt.run
+                if isinstance(step, (_Native, _Shuffle)):
+                    obj, name = (step.runtime, "run_list") if isinstance(step, _Native) else (step.op, "run")
+                    if isinstance(step, _Native):
+                        self.natives.append(step.runtime)
+                    else:
+                        self.operators.append(step.op)
+                    run0 = getattr(obj, name)
 
-                    def run(buffers: Any, _f: Any = run0) -> Any:
+                    def run(*a: Any, _f: Any = run0) -> Any:
                         t = clock()
-                        r = _f(buffers)
+                        r = _f(*a)
                         add("Runtime.run", clock() - t)
                         return r
 
-                    rt.run = run
-                    self._undo.append(lambda rt=rt: rt.__dict__.pop("run", None))
+                    setattr(obj, name, run)
+                    self._undo.append(lambda obj=obj, name=name: obj.__dict__.pop(name, None))
                 elif isinstance(step, _Host):
-                    out = d.handle.buffers.get(step.output)
-                    shape = "x".join(map(str, out.shape)) if out is not None else "?"
-                    if out is None:
-                        for vid, dims in d.handle.outputs:
-                            if vid == step.output:
-                                shape = "x".join(map(str, dims))
-                    label = f"{step.label.removeprefix('XNN')} -> {shape}"
+                    label = step.label
                     self.host_labels.append(label)
-                    fn0 = step.fn
+                    seg = step.segment
+                    fn0 = seg.run
 
-                    def fn(xs: Any, out: Any, _f: Any = fn0, _label: str = label) -> Any:
+                    def fn(env: Any, _f: Any = fn0, _label: str = label) -> Any:
                         t = clock()
-                        r = _f(xs, out)
+                        r = _f(env)
                         dt = clock() - t
                         host[_label] = host.get(_label, 0.0) + dt
                         add("host steps", dt)
                         return r
 
-                    step.fn = fn
-                    self._undo.append(lambda step=step, fn0=fn0: setattr(step, "fn", fn0))
+                    seg.run = fn
+                    self._undo.append(lambda seg=seg: seg.__dict__.pop("run", None))
 
     def close(self) -> None:
         for undo in reversed(self._undo):
@@ -443,37 +442,26 @@ class Probe:
         self._undo = []
 
     def bare_setup(self) -> None:
-        """Own zero-filled buffers for every external value of every native runtime (the executor's are freed
-        after a run), bound once per bare call like the executor binds its own."""
-        import numpy as np
-
-        from edgeport_xnnpack import native
-
-        self._bare = []
-        for rt in self.natives:
-            ext = (native._ExternalValue * max(len(rt.externals), 1))()
-            keep = []
-            for i, vid in enumerate(rt.externals):
-                buf = np.zeros(rt.nbytes(vid) + native.EXTRA_BYTES, np.uint8)
-                keep.append(buf)
-                ext[i].id = vid
-                ext[i].data = buf.ctypes.data
-            self._bare.append((rt.handle, len(rt.externals), ext, keep))
+        """The bare loop's calls: ``xnn_invoke_runtime`` of every native runtime and ``xnn_run_operator`` of every
+        operator step, on the buffers the executor last set them up with (the executor re-runs setup only when a
+        pointer changes, so in a steady loop it only invokes; the buffers stay referenced by the executor)."""
+        self._bare = [(self.invoke0, (rt.handle,)) for rt in self.natives]
+        run_op = self.originals.get("xnn_run_operator")
+        for op in self.operators:
+            self._bare.append((run_op, (op.handle, op.pool.handle if op.pool else None)))
 
     def bare_xnnpack(self) -> None:
-        """``xnn_setup_runtime`` + ``xnn_invoke_runtime`` of every native runtime, nothing else."""
-        setup, invoke = self.setup0, self.invoke0
-        for handle, n, ext, _ in self._bare:
-            setup(handle, n, ext)
-            invoke(handle)
+        """What the executor's steps spend inside XNNPACK in a steady loop, nothing else."""
+        for fn, args in self._bare:
+            fn(*args)
 
     def summary(self) -> dict[str, Any]:
-        steps = {"delegates": len(self.delegates), "native": 0, "host": 0}
-        from edgeport_xnnpack.runtime import _Native
+        steps = {"delegates": len(self.delegates), "native": 0, "host": 0, "operator": 0}
+        from edgeport_xnnpack.runtime import _Native, _Shuffle
 
         for d in self.delegates:
             for s in d.handle.steps:
-                steps["native" if isinstance(s, _Native) else "host"] += 1
+                steps["native" if isinstance(s, _Native) else "operator" if isinstance(s, _Shuffle) else "host"] += 1
         return steps
 
 

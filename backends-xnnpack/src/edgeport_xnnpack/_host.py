@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
 
@@ -219,10 +220,23 @@ class HostSegment:
             else:
                 self.program.append(_compute(op, ins, o))
         self.size = len(nodes)
+        # matrix multiplies run on one OpenBLAS thread (see _blas); None: nothing to limit
+        matmul = any(n.kind in ("XNNBatchMatrixMultiply", "XNNFullyConnected") for n in nodes)
+        self.blas = blas_threads() if matmul else None
 
     def run(self, env: dict[int, np.ndarray]) -> None:
-        for step in self.program:
-            step(env)
+        blas = self.blas
+        n = blas[0]() if blas is not None else 1
+        if n == 1:
+            for step in self.program:
+                step(env)
+            return
+        blas[1](1)
+        try:
+            for step in self.program:
+                step(env)
+        finally:
+            blas[1](n)
 
 
 def _compute(op: HostOp, ins: list[int], o: int) -> Callable[[dict[int, np.ndarray]], None]:
