@@ -98,11 +98,8 @@ def test_quantizer_is_registered_lazily_and_is_a_torchao_quantizer():
     assert not q.per_channel and q.observer == "minmax"
 
 
-def test_dynamic_quantization_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="qdint8.*2022"):
-        XnnpackQuantizer(dynamic=True)
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        edgeport.get_backend("XnnpackBackend").quantizers["int8"](dynamic=True)
+def test_quantizer_options():
+    assert edgeport.get_backend("XnnpackBackend").quantizers["int8"](dynamic=True).dynamic
     with pytest.raises(ValueError, match="observer"):
         XnnpackQuantizer(observer="percentile")
 

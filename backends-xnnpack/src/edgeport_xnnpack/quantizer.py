@@ -28,9 +28,13 @@ Activations are int8 per-tensor affine over [-128, 127] (``HistogramObserver`` b
 with ``observer="minmax"``). Everything else stays float32; XnnpackPartitioner delegates the float ops too, and
 the quantize/dequantize nodes between them become XNNPACK convert nodes inside the delegate.
 
-Dynamic quantization (``dynamic=True``) needs XNNPACK's dynamically quantized datatypes (``qdint8`` and the
-``qd8`` fully-connected kernels), which the 2022 libXNNPACK edgeport's executor binds lacks; asking for it raises
-:class:`NotImplementedError`.
+Dynamic quantization (``dynamic=True``): only linears are annotated; their float input gets a dynamic int8 spec
+(``choose_qparams`` at run time, no calibration needed), their weight the same int8 symmetric spec as above, and
+their output stays float32. XnnpackPartitioner lowers the ``choose_qparams -> quantize -> dequantize -> linear``
+pattern to ExecuTorch's dynamically quantized fully connected (an ``XNNConvert`` to ``qdint8`` -- parameters per
+row, computed by XNNPACK at run time, finer than the graph's one set per tensor, as ExecuTorch's XNNPACK delegate
+does -- and a ``qdint8 x qcint8 -> float32`` ``XNNFullyConnected``). See docs/backends/xnnpack.md for how each
+runtime executes it.
 
 Importing this module imports torchao; ``edgeport_xnnpack.plugin`` registers it lazily (``quantizers["int8"]``).
 """
@@ -43,7 +47,7 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from torchao.quantization.pt2e.quantizer import (
     QuantizationAnnotation,
     QuantizationSpec,
@@ -52,13 +56,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-__all__ = ["XnnpackQuantizer", "DYNAMIC_UNSUPPORTED"]
-
-DYNAMIC_UNSUPPORTED = (
-    "XnnpackQuantizer(dynamic=True): dynamic int8 quantization needs XNNPACK's dynamically quantized datatypes "
-    "(xnn_datatype_qdint8 and the qd8 fully-connected kernels), which the libXNNPACK 2022 snapshot that "
-    "edgeport's XnnpackExecutor runs on does not have; use static int8 (dynamic=False) and calibrate"
-)
+__all__ = ["XnnpackQuantizer"]
 
 _KEY = "quantization_annotation"
 _EPS = 2.0**-12  # smallest scale an observer may pick (keeps XNNPACK's requantization ratios in range)
@@ -123,24 +121,27 @@ class XnnpackQuantizer(Quantizer):
         observer: ``"histogram"`` (default; scans a histogram of the calibration data for the range with the
             least quantization error) or ``"minmax"`` (the observed range; faster) for activations.
         node_filter: optional ``node -> bool``; nodes for which it returns ``False`` are left in float.
-        dynamic: dynamic int8 linear; not supported by the 2022 libXNNPACK (raises ``NotImplementedError``).
+        dynamic: dynamic int8 linears only (activations quantized at run time; no calibration needed).
     """
 
     def __init__(self, *, per_channel: bool = True, observer: str = "histogram",
                  node_filter: Callable[[Node], bool] | None = None, dynamic: bool = False) -> None:
         super().__init__()
-        if dynamic:
-            raise NotImplementedError(DYNAMIC_UNSUPPORTED)
         observers = {"histogram": HistogramObserver, "minmax": MinMaxObserver}
         if observer not in observers:
             raise ValueError(f"XnnpackQuantizer: observer must be one of {sorted(observers)}, got {observer!r}")
         self.per_channel = bool(per_channel)
         self.observer = observer
         self.node_filter = node_filter
+        self.dynamic = bool(dynamic)
         # one spec object each, so that prepare_pt2e shares observers between a producer and its consumers
         self.act = QuantizationSpec(
             dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
             observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS),
+        )
+        self.dynamic_act = QuantizationSpec(
+            dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine, is_dynamic=True,
+            observer_or_fake_quant_ctr=PlaceholderObserver.with_args(eps=_EPS),
         )
         if per_channel:
             self.weight = QuantizationSpec(
@@ -154,10 +155,17 @@ class XnnpackQuantizer(Quantizer):
             )
 
     def __repr__(self) -> str:
-        return f"XnnpackQuantizer(per_channel={self.per_channel}, observer={self.observer!r})"
+        return (f"XnnpackQuantizer(per_channel={self.per_channel}, observer={self.observer!r}, "
+                f"dynamic={self.dynamic})")
 
     # -- annotation ---------------------------------------------------------------------------------------
     def annotate(self, model: GraphModule) -> GraphModule:
+        if self.dynamic:
+            for node in list(model.graph.nodes):
+                if (node.op == "call_function" and node.target in _LINEAR and not self._done(node)
+                        and self._wanted(node)):
+                    self._dynamic_linear(node)
+            return model
         for node in list(model.graph.nodes):
             if node.op != "call_function" or self._done(node) or not self._wanted(node):
                 continue
@@ -219,6 +227,15 @@ class XnnpackQuantizer(Quantizer):
             return
         self._mark(node, {x: self.act, w: self.weight}, None)
         self._output(node)
+
+    def _dynamic_linear(self, node: Node) -> None:
+        x, w = node.args[0], node.args[1]
+        bias = _arg(node, 2, "bias")
+        if not (_is_float_tensor(x) and _is_constant(w) and _is_float_tensor(w)):
+            return
+        if bias is not None and not _is_constant(bias):
+            return
+        self._mark(node, {x: self.dynamic_act, w: self.weight}, None)
 
     def _binary(self, node: Node) -> None:
         a, b = node.args[0], node.args[1]

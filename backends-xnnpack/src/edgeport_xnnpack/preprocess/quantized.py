@@ -36,9 +36,11 @@ import torch
 from edgeport.aot.capability_partitioner import op_name
 from edgeport.errors import LoweringError
 from edgeport_xnnpack.preprocess.builder import KEEP_DIMS, NCHW, NHWC, GraphBuilder, Val
+from edgeport_xnnpack.preprocess.dynamic_quantized import DynamicPlan
 from edgeport_xnnpack.preprocess.quant_values import (
     DQ,
     DQC,
+    DQT,
     Q,
     QOp,
     Weight,
@@ -89,10 +91,15 @@ class QuantPlan:
         self.ops: dict[torch.fx.Node, QOp] = {}
         self.absorbed: dict[torch.fx.Node, QOp] = {}   # fused clamps and quantize nodes -> their op
         self.why: dict[str, str] = {}                   # op node name -> why it stays float (for debugging)
-        if not any(_is(n, Q, DQ, DQC) for n in graph.nodes):
+        self.dynamic: DynamicPlan | None = None
+        if not any(_is(n, Q, DQ, DQC, DQT) for n in graph.nodes):
             return
+        if any(_is(n, DQT) for n in graph.nodes):
+            self.dynamic = DynamicPlan(graph, b, self._weight)
         for node in graph.nodes:
             if node.op != "call_function" or node in self.absorbed:
+                continue
+            if self.dynamic is not None and (node in self.dynamic.ops or node in self.dynamic.absorbed):
                 continue
             try:
                 op = self._plan(node)
@@ -276,6 +283,8 @@ class QuantPlan:
     # -- lowering -------------------------------------------------------------------------------------------
     def lower(self, node: torch.fx.Node) -> bool:
         """Lower ``node`` if the plan covers it (``True``), else leave it to the float lowerings."""
+        if self.dynamic is not None and self.dynamic.lower(node):
+            return True
         if not self.ops and not self.absorbed:
             return False
         op = self.ops.get(node)
