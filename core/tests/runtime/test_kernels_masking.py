@@ -79,6 +79,26 @@ def test_where_promotes_like_torch(kind, dtypes):
     _same(_run("aten::where.self_out", cond, a, b, like=ref), ref)
 
 
+@pytest.mark.parametrize("shapes", [
+    ((8, 1), (1, 32), (8, 32)),
+    ((2, 3, 1, 1), (3, 4, 20), (2, 1, 4, 20)),      # self broadcast along the rows the condition picks
+    ((6, 1, 1), (2, 6, 4, 5), (5,)),                 # condition with fewer dims than the result
+    ((2, 8, 6, 1), (2, 8, 6, 16), ()),               # attention rows, 0-dim other
+])
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.int64, torch.float32)])
+def test_where_few_selected_rows_matches_torch(shapes, dtypes):
+    """A condition constant along trailing dims with few rows set takes the row-gather path."""
+    c_shape, s_shape, o_shape = shapes
+    cond = torch.zeros(c_shape, dtype=torch.bool)
+    cond.view(-1)[1] = True
+    self_ = (torch.randn(s_shape, generator=g) * 10).to(dtypes[0])
+    other = torch.randn(o_shape, generator=g).to(dtypes[1])
+    if dtypes[0].is_floating_point:
+        self_.view(-1)[-1] = torch.nan
+    ref = torch.where(cond, self_, other)
+    _same(_run("aten::where.self_out", cond, self_, other, like=ref), ref)
+
+
 # ------------------------------------------------------------------------------------------------ any
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float32])
 @pytest.mark.parametrize("last", [1, 5, 6, 16, 40])

@@ -393,8 +393,26 @@ def where_out(condition, self, other, out):
         np.copyto(out, self, casting="unsafe")
     else:
         np.copyto(out, other, casting="unsafe")
-        np.copyto(out, self, casting="unsafe", where=condition)
+        if not _copy_rows(out, self, condition):
+            np.copyto(out, self, casting="unsafe", where=condition)
     return out
+
+
+def _copy_rows(out, src, condition) -> bool:
+    """``out[cond] = src`` for a condition constant along the trailing dims (a mask of whole rows, e.g.
+    ``[..., 1]`` in attention): gathers only the selected rows of ``src``. ``False`` when it does not apply."""
+    k = condition.ndim
+    while k and condition.shape[k - 1] == 1:
+        k -= 1
+    lead = out.ndim - condition.ndim + k  # dims of out the condition varies along
+    if lead == out.ndim or not out.flags.c_contiguous or math.prod(out.shape[lead:]) < 16:
+        return False
+    rows = np.flatnonzero(np.broadcast_to(condition.reshape(condition.shape[:k]), out.shape[:lead]))
+    if rows.size * 4 > math.prod(out.shape[:lead]):  # many rows: the masked copy is as fast
+        return False
+    picked = np.broadcast_to(src, out.shape)[np.unravel_index(rows, out.shape[:lead])]
+    out.reshape(-1, math.prod(out.shape[lead:]))[rows] = picked.reshape(rows.size, -1)
+    return True
 
 
 @kernel("aten::masked_fill.Scalar_out")
