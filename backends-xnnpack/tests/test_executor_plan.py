@@ -222,3 +222,24 @@ def test_padded_empty_never_needs_staging():
         end = a.ctypes.data + a.nbytes
         assert a.ctypes.data % 64 == 0 and a.flags.c_contiguous and a.shape == (n,)
         assert (end - 1) // 4096 == (end - 1 + native.EXTRA_BYTES) // 4096
+
+
+def test_no_reference_to_the_callers_arrays_is_kept():
+    import gc
+    import weakref
+
+    blob, c = attention_blob()
+    ex = XnnpackExecutor(num_threads=1)
+    h = ex.init(memoryview(blob), [])
+    try:
+        x = np.random.default_rng(6).standard_normal((1, S, D), dtype=np.float32)
+        outs = [np.empty((S, 1, D), np.float32), np.empty((1, S, S), np.float32)]
+        ex.execute(h, [x], out=outs)
+        refs = [weakref.ref(a) for a in (x, *outs)]
+        del x, outs
+        gc.collect()
+        assert all(r() is None for r in refs)
+        x = np.ones((1, S, D), np.float32)  # new memory, maybe at the old address: still correct
+        np.testing.assert_allclose(ex.execute(h, [x])[0], attention_reference(x, c)[0], rtol=1e-4, atol=1e-4)
+    finally:
+        ex.destroy(h)

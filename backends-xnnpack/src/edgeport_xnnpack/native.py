@@ -493,59 +493,67 @@ class _Bindings:
 
     ``bind(arrays)`` validates each array (C-contiguous numpy array of the exact byte size; outputs writable),
     stages an input that ends within ``EXTRA_BYTES`` of a page end in a padded copy, and returns whether a
-    pointer differs from the last bound one (the caller then re-runs XNNPACK's setup). The last bound arrays
-    are referenced until the next bind or ``clear``, so memory XNNPACK points to cannot be freed meanwhile.
+    pointer differs from the last bound one (the caller then re-runs XNNPACK's setup). Only pointers are kept,
+    no references to the caller's arrays: XNNPACK reads and writes bound memory during the call only, and
+    each call binds its own arrays. ``pin(i, array)`` checks an array that will be bound at slot ``i`` on
+    every call (an executor's own buffer) once; binding that same object later skips the checks.
     """
 
     def __init__(self, names: Sequence[Any], nbytes: Sequence[int], outputs: Sequence[bool]) -> None:
         self.names, self.nbytes, self.outputs = list(names), list(nbytes), list(outputs)
         n = len(self.names)
-        self.arrays: list[Any] = [None] * n
+        self.pinned: list[Any] = [None] * n
+        self.pinned_ptr: list[int] = [0] * n
         self.ptrs: list[int] = [0] * n
         self.stage: list[np.ndarray | None] = [None] * n
         self.valid = False  # setup succeeded with self.ptrs
+
+    def pin(self, i: int, a: np.ndarray) -> bool:
+        """Pin ``a`` to slot ``i`` if it is valid there and never needs staging; returns whether it was."""
+        ptr, st = self._check(i, a)
+        if st is not None:
+            return False
+        self.pinned[i], self.pinned_ptr[i] = a, ptr
+        return True
+
+    def _check(self, i: int, a: Any) -> tuple[int, np.ndarray | None]:
+        nb = self.nbytes[i]
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.nbytes != nb:
+            raise XnnpackError(f"external value {self.names[i]} needs a C-contiguous array of {nb} bytes")
+        ptr = a.ctypes.data
+        if self.outputs[i]:
+            if not a.flags.writeable:
+                raise XnnpackError(f"external output {self.names[i]} is read-only")
+        elif nb and _near_page_end(ptr + nb):
+            st = self.stage[i]
+            if st is None or st.nbytes != nb + EXTRA_BYTES:
+                st = np.empty(nb + EXTRA_BYTES, np.uint8)
+            st[:nb] = a.reshape(-1).view(np.uint8)
+            return st.ctypes.data, st
+        return ptr, None
 
     def bind(self, arrays: Sequence[Any]) -> bool:
         if len(arrays) != len(self.names):
             raise XnnpackError(f"expected {len(self.names)} buffers ({self.names}), got {len(arrays)}")
         try:
-            return self._bind(arrays)
+            changed = not self.valid
+            pinned, ptrs = self.pinned, self.ptrs
+            for i, a in enumerate(arrays):
+                if a is pinned[i]:
+                    ptr = self.pinned_ptr[i]
+                else:
+                    ptr, self.stage[i] = self._check(i, a)
+                if ptr != ptrs[i]:
+                    ptrs[i] = ptr
+                    changed = True
+            return changed
         except BaseException:
             self.valid = False  # some pointers may have been replaced: set up again next time
             raise
 
-    def _bind(self, arrays: Sequence[Any]) -> bool:
-        changed = not self.valid
-        for i, a in enumerate(arrays):
-            if a is self.arrays[i]:
-                if self.outputs[i] and not a.flags.writeable:
-                    raise XnnpackError(f"external output {self.names[i]} is read-only")
-                st = self.stage[i]
-                if st is not None:
-                    st[: a.nbytes] = a.reshape(-1).view(np.uint8)
-                continue
-            nb = self.nbytes[i]
-            if type(a) is not np.ndarray or not a.flags.c_contiguous or a.nbytes != nb:
-                raise XnnpackError(f"external value {self.names[i]} needs a C-contiguous array of {nb} bytes")
-            ptr = a.ctypes.data
-            st = None
-            if self.outputs[i]:
-                if not a.flags.writeable:
-                    raise XnnpackError(f"external output {self.names[i]} is read-only")
-            elif nb and _near_page_end(ptr + nb):
-                st = np.empty(nb + EXTRA_BYTES, np.uint8)
-                st[:nb] = a.reshape(-1).view(np.uint8)
-                ptr = st.ctypes.data
-            self.stage[i] = st
-            self.arrays[i] = a
-            if ptr != self.ptrs[i]:
-                self.ptrs[i] = ptr
-                changed = True
-        return changed
-
     def clear(self) -> None:
         n = len(self.names)
-        self.arrays, self.ptrs, self.stage, self.valid = [None] * n, [0] * n, [None] * n, False
+        self.pinned, self.ptrs, self.stage, self.valid = [None] * n, [0] * n, [None] * n, False
 
 
 class Runtime:
@@ -575,6 +583,12 @@ class Runtime:
         self._bindings = _Bindings(self.order, [self.nbytes(v) for v in self.order],
                                    [bool(self.externals[v][2] & FLAG_EXTERNAL_OUTPUT) for v in self.order])
         self.setups = 0  # how many times xnn_setup_runtime ran (diagnostics)
+
+    def pin(self, buffers: dict[int, np.ndarray]) -> None:
+        """Check once arrays that :meth:`run_list` will get for these external ids on every call (see
+        ``_Bindings.pin``); they are referenced until :meth:`close`."""
+        for vid, a in buffers.items():
+            self._bindings.pin(self.order.index(vid), a)
 
     @property
     def _scratch(self) -> dict[int, np.ndarray]:
@@ -648,6 +662,12 @@ class ChannelShuffle:
         self.handle: int | None = h.value
         self._bindings = _Bindings(["input", "output"], [batch * c * 4] * 2, [False, True])
         self.setups = 0
+
+    def pin(self, src: np.ndarray | None = None, dst: np.ndarray | None = None) -> None:
+        """Check once the input / output array that every later :meth:`run` binds (see ``_Bindings.pin``)."""
+        for i, a in enumerate((src, dst)):
+            if a is not None:
+                self._bindings.pin(i, a)
 
     def run(self, src: np.ndarray, dst: np.ndarray) -> None:
         """``dst`` (any 4-byte dtype, exact byte size, writable) = the shuffled ``src``; they must not overlap."""

@@ -95,7 +95,6 @@ class XnnpackHandle:
     buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
     pool: native.ThreadPool | None
     summary: dict[str, int] = field(default_factory=dict)
-    env: dict[int, np.ndarray] = field(default_factory=dict)  # value id -> array during a run
     alive: bool = True
 
 
@@ -256,6 +255,12 @@ class _Planner:
                     steps.append(self._shuffle(group[0], placed.shuffles[idx[0]], pool))
                 else:
                     steps.append(self._host(group, external))
+            for step in steps:  # the executor's own buffers are checked once, here
+                if isinstance(step, _Native):
+                    step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
+                                      if v in buffers})
+                elif isinstance(step, _Shuffle):
+                    step.op.pin(buffers.get(step.src), buffers.get(step.dst))
         except BaseException:
             for step in steps:
                 step.close()
@@ -384,7 +389,7 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
                "host_steps": sum(isinstance(s, _Host) for s in steps),
                "operator_steps": sum(isinstance(s, _Shuffle) for s in steps), "nodes": len(graph.nodes)}
     return XnnpackHandle([(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs],
-                         steps, buffers, pool, summary, dict(buffers))
+                         steps, buffers, pool, summary)
 
 
 class XnnpackExecutor(RuntimeExecutor):
@@ -413,7 +418,7 @@ class XnnpackExecutor(RuntimeExecutor):
             raise RuntimeExecutionError(f"{BACKEND_ID}: expected {len(handle.inputs)} inputs, got {len(inputs)}")
         results = _outputs(handle, out)
         with self._lock:
-            env = handle.env
+            env = dict(handle.buffers)  # per call: no reference to the caller's arrays outlives it
             for k, (vid, dims) in enumerate(handle.inputs):
                 a = inputs[k]
                 if type(a) is not np.ndarray:
@@ -439,7 +444,7 @@ class XnnpackExecutor(RuntimeExecutor):
         handle.alive = False
         for step in handle.steps:
             step.close()
-        handle.steps, handle.buffers, handle.env = [], {}, {}
+        handle.steps, handle.buffers = [], {}
         if handle.pool is not None:
             native.shared_pools.release(handle.pool)
             handle.pool = None
