@@ -142,3 +142,71 @@ def test_encoder_matches_eager(lowered_encoder, runtime):
     model, args, _, buffer, _ = lowered_encoder
     out = run_all(buffer, args, runtime)[0]
     assert rel_err(out, eager(model, args)) <= 1e-5
+
+
+def test_encoder_blob_has_one_transpose_per_attention_operand(lowered_encoder):
+    """Per layer: q, k^T, v and the heads' merge, nothing else (the unfolded lowering had 10 transposes and 3
+    slices per layer). The q / k scalings are folded into the in-projection weights (no XNNMultiply left but the
+    two layer norms' affine weights)."""
+    _, _, edge, _, _ = lowered_encoder
+    kinds = blob_kinds(edge)
+    layers = 2
+    assert kinds["XNNStaticTranspose"] == 4 * layers, kinds
+    assert kinds["XNNStaticSlice"] == 0, kinds
+    assert kinds["XNNMultiply"] == 2 * layers, kinds
+    assert kinds["XNNBatchMatrixMultiply"] == 2 * layers, kinds
+    # q, k, v (split from the in-projection), out-projection, 2 feed-forward, 2 x 2 layer-norm reductions
+    assert kinds["XNNFullyConnected"] == 10 * layers, kinds
+
+
+class Views(nn.Module):
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        torch.manual_seed(5)
+        self.fc = nn.Linear(12, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.variant
+        if v == "unit_permute":  # moves only a size-1 dim: a reshape
+            return x.permute(1, 0, 2) * 2.0
+        if v == "identity_chain":  # permute, clone, inverse permute, no-op expand: nothing
+            y = x.permute(2, 0, 1).clone().permute(1, 2, 0).expand(1, 5, 12)
+            return y * 2.0
+        if v == "chain_to_one":  # three permutes (as in an attention's head merge): one transpose
+            y = self.fc(x).view(1, 5, 2, 12).permute(0, 2, 1, 3)
+            z = y.permute(2, 0, 1, 3).clone().permute(1, 2, 0, 3).permute(2, 0, 1, 3)
+            return z.reshape(5, 24) + 1.0
+        if v == "split_and_scale":  # q / k / v style column split of a linear, scalings folded into weights
+            q, k, w = self.fc(x).reshape(1, 5, 3, 8).permute(2, 0, 1, 3).unbind(0)
+            return torch.bmm(q * 0.5, (k * 0.25).transpose(1, 2)) @ w
+        raise ValueError(v)
+
+
+VIEW_CASES = {
+    # variant: (transposes, slices, reshapes at most, multiplies)
+    "unit_permute": (0, 0, 1, 1),
+    "identity_chain": (0, 0, 0, 1),
+    "chain_to_one": (0, 0, 2, 0),
+    "split_and_scale": (1, 0, 3, 0),
+}
+
+
+@needs_xnnpack
+@pytest.mark.executorch
+@pytest.mark.parametrize("variant", list(VIEW_CASES))
+def test_view_chains_fold(variant):
+    model = Views(variant).eval()
+    args = (torch.randn(1, 5, 12),)
+    edge, buffer, partitioner = lower_edgeport(model, args)
+    assert delegate_count(edge) == 1 and not partitioner.rejections, partitioner.rejections
+    kinds = blob_kinds(edge)
+    transposes, slices, reshapes, muls = VIEW_CASES[variant]
+    assert kinds["XNNStaticTranspose"] == transposes, kinds
+    assert kinds["XNNStaticSlice"] == slices, kinds
+    assert kinds["XNNStaticReshape"] <= reshapes, kinds
+    assert kinds["XNNMultiply"] == muls, kinds
+    ref = eager(model, args)
+    assert rel_err(run_edgeport(buffer, args), ref) <= 1e-6
+    pytest.importorskip("executorch")
+    assert rel_err(run_executorch(buffer, args), ref) <= 1e-6

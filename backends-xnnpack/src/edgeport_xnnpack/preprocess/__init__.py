@@ -26,9 +26,11 @@ from edgeport.aot.capability_partitioner import op_name
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.preprocess import passes
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
 from edgeport_xnnpack.preprocess.quantized import QuantPlan
 from edgeport_xnnpack.preprocess.registry import LOWERINGS
+from edgeport_xnnpack.preprocess.views import Views
 from edgeport_xnnpack.schema.writer import serialize
 
 __all__ = ["LOWERINGS", "preprocess"]
@@ -62,6 +64,10 @@ def _fold_plan(graph: torch.fx.Graph, b: GraphBuilder) -> dict[torch.fx.Node, to
                 and conv not in b.outputs and all(b.is_constant(a) for a in node.args[1:5])):
             plan[conv] = node
     return plan
+
+
+def _quantized(graph: torch.fx.Graph) -> bool:
+    return any(n.op == "call_function" and "quantized_decomposed" in str(n.target) for n in graph.nodes)
 
 
 def _fold_constant(b: GraphBuilder, node: torch.fx.Node) -> bool:
@@ -109,6 +115,7 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
             b.constants[node] = getattr(ep.graph_module, node.target)
     b.fold = _fold_plan(ep.graph, b)
     quant = b.quant_plan = QuantPlan(ep.graph, b)
+    b.views = Views(b, enabled=not _quantized(ep.graph))
     deferred = set(b.fold)
     for node in ep.graph.nodes:
         if node.op != "call_function" or node in deferred:
@@ -138,6 +145,8 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
             raise LoweringError(f"{node.name} ({name}): {type(exc).__name__}: {exc}") from exc
     outputs = []
     for o in flat_out:
+        if o in b.views.pending:
+            b.val(o)
         if o not in b.env:
             raise LoweringError(f"output {o.name!r} is a constant or an input; nothing to compute")
         outputs.append(b.env[o])
@@ -153,4 +162,6 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
     from edgeport_xnnpack.preprocess import ops  # noqa: F401  (registers the lowerings)
 
     b, graph = lower_graph(edge_program)
+    b.data = passes.prune(graph, b.data)
+    passes.schedule(graph)
     return PreprocessResult(processed_bytes=serialize(graph, b.data), debug_handle_map={})

@@ -66,6 +66,7 @@ class GraphBuilder:
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}
         self.outputs: set[torch.fx.Node] = set()  # fx nodes whose values leave the delegate
         self.extra_outputs: dict[tuple[torch.fx.Node, int], Val] = {}  # (multi-output node, index > 0) -> value
+        self.views: Any = None  # preprocess.views.Views: view ops not emitted yet
         self._converted: dict[tuple[int, str], Val] = {}
         self._producer: dict[int, int] = {}
         self._const_ids: dict[tuple[int, str], Val] = {}
@@ -117,6 +118,8 @@ class GraphBuilder:
     def val(self, arg: Any) -> Val:
         """The lowered value of an fx node (constants are materialized in NCHW)."""
         if isinstance(arg, torch.fx.Node):
+            if self.views is not None and arg in self.views.pending:
+                return self.views.materialize(arg)
             if arg in self.env:
                 return self.env[arg]
             if arg in self.constants:

@@ -40,6 +40,9 @@ def _operand(b: GraphBuilder, a: Any, layout: str) -> int:
 
 def _lower(b: GraphBuilder, node: Any, kind: str) -> None:
     x, y = node.args[0], node.args[1]
+    if (kind in ("mul", "div") and b.views is not None and isinstance(y, (int, float)) and y != 0
+            and b.views.scale(node, x, float(y) if kind == "mul" else 1.0 / float(y))):
+        return  # folded into the weights of the fully connected node the view reads
     out_shape = tuple(node.meta["val"].shape)
     layout = NCHW
     if len(out_shape) == 4 and any(isinstance(a, torch.fx.Node) and a in b.env and b.env[a].layout == NHWC

@@ -9,6 +9,7 @@ import torch
 
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder
 from edgeport_xnnpack.preprocess.registry import lowers
+from edgeport_xnnpack.preprocess.views import FcInfo
 from edgeport_xnnpack.schema.graph import INVALID_ID
 
 TRANSPOSE_WEIGHTS = 0x1
@@ -37,6 +38,11 @@ def _fc(b: GraphBuilder, node: Any, x: Any, weight: Any, bias: Any, weight_is_in
     fc_out = out if extra is None else b.new_val(out.shape)
     b.add("XNNFullyConnected", input1_id=xv.id, filter_id=filter_id, bias_id=bias_id, output_id=fc_out.id,
           flags=flags)
+    if b.views is not None and flags == 0 and extra is None and b.is_constant(weight):
+        wt = b.tensor(weight).detach().to(torch.float32)
+        wt = (wt.t() if weight_is_in_out else wt).contiguous().numpy()
+        bt = None if bias_id == INVALID_ID else b.tensor(bias).detach().to(torch.float32).reshape(-1).numpy()
+        b.views.fc[fc_out.id] = FcInfo(xv.id, wt, bt, 0, None)
     if extra is not None:
         b.add("XNNAdd", input1_id=fc_out.id, input2_id=extra, output_id=out.id, flags=0)
     b.set(node, out)

@@ -1,4 +1,5 @@
-"""slice_copy (step 1) -> XNNStaticSlice; select_copy -> XNNStaticSlice + XNNStaticReshape."""
+"""slice_copy (step 1) / select_copy -> a pending view (see preprocess.views), else XNNStaticSlice (+ an
+XNNStaticReshape for select)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def slice_copy(b: GraphBuilder, node: Any) -> None:
     start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start")
     end = node.args[3] if len(node.args) > 3 else node.kwargs.get("end")
     start, end = _bounds(x.meta["val"].shape[dim], start, end)
+    index = (slice(None),) * dim + (slice(start, end),)
+    if b.views is not None and b.views.defer(node, lambda i: i[index],
+                                             lambda: b.set(node, _slice(b, x, dim, start, end))):
+        return
     b.set(node, _slice(b, x, dim, start, end))
 
 
@@ -46,6 +51,13 @@ def select_copy(b: GraphBuilder, node: Any) -> None:
     shape = x.meta["val"].shape
     dim %= len(shape)
     index = index + shape[dim] if index < 0 else index
+    if b.views is not None and b.views.defer(node, lambda i: i.take(index, axis=dim),
+                                             lambda: _select(b, node, x, dim, index)):
+        return
+    _select(b, node, x, dim, index)
+
+
+def _select(b: GraphBuilder, node: Any, x: Any, dim: int, index: int) -> None:
     part = _slice(b, x, dim, index, index + 1)
     out = b.output_of(node)
     b.add("XNNStaticReshape", num_dims=len(out.dims), new_shape=out.dims, input_id=part.id, output_id=out.id,
