@@ -162,6 +162,7 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
     from edgeport_xnnpack.preprocess import ops  # noqa: F401  (registers the lowerings)
 
     b, graph = lower_graph(edge_program)
-    b.data = passes.prune(graph, b.data)
-    passes.schedule(graph)
+    if b.views.enabled:  # float partitions; quantized ones keep the op-by-op lowering and its order
+        b.data = passes.prune(graph, b.data)
+        passes.schedule(graph)
     return PreprocessResult(processed_bytes=serialize(graph, b.data), debug_handle_map={})
