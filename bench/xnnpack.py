@@ -16,16 +16,20 @@ sample (first call after idling), the second the *warm* one (steady state, as in
 median and the minimum of the repetitions, warm first. The outputs are checked first (max abs error divided by the
 max abs eager output), so the timings are of correct programs. ``edgeport, 1 thread`` is a diagnostic contender.
 
-Where edgeport's time goes (a separate, instrumented pass after the timed one, on the same loaded method): the
-input binders, the XNNPACK executor's ``execute``, each native step's ``Runtime.run`` and the library calls
-``xnn_setup_runtime`` / ``xnn_invoke_runtime`` inside it, and each numpy host step are wrapped with
-``time.perf_counter``; portable kernels outside the delegates are timed by ``method.time_ops``. "Outside XNNPACK" =
-``method.execute`` wall time minus the time inside ``xnn_setup_runtime`` + ``xnn_invoke_runtime``. A second,
-uninstrumented estimate interleaves ``method.execute`` with a bare loop of ``xnn_setup_runtime`` +
-``xnn_invoke_runtime`` over the same native runtimes (bound to the bench's own buffers): 1 - the ratio of the
-medians. Candidate fixes are measured, never applied to the package: the NCHW -> NHWC input transpose as the
-library's channel-shuffle operator, and (when the executor gives each delegate its own pool) the same program
-loaded with one shared pool.
+Where edgeport's time goes (separate, instrumented passes after the timed one, on the same loaded method): the
+input binders, the XNNPACK executor's ``execute``, each native step's ``Runtime.run_list``, each operator step's
+``run`` (the channel-shuffle transposes), the library calls inside them and each numpy host segment are wrapped
+with ``time.perf_counter``; portable kernels outside the delegates are timed by ``method.time_ops``. Inside XNNPACK
+= the library calls ``xnn_setup_runtime`` / ``xnn_invoke_runtime`` of the runtimes and
+``xnn_setup_channel_shuffle_nc_x32`` / ``xnn_run_operator`` of the operator steps (the executor runs NCHW <-> NHWC
+transposes on XNNPACK's operator API; those count as XNNPACK time, numpy host segments never do). "Outside
+XNNPACK" = ``method.execute`` wall time minus the time inside those calls, from a lean pass that wraps only the
+library calls (the other wrappers would add their own time outside XNNPACK); the share under the full probe is
+shown too. A third estimate interleaves ``method.execute`` with a bare loop of the same ``xnn_invoke_runtime`` /
+``xnn_run_operator`` calls on the buffers the executor last set up (in a steady loop the executor re-runs setup
+only when a bound pointer changes): 1 - the ratio of the medians. Candidate fixes are measured, never applied to
+the package: the NCHW -> NHWC input transpose as the library's channel-shuffle operator, and (when the executor
+gives each delegate its own pool) the same program loaded with one shared pool.
 
     python bench/xnnpack.py [--quick] [--write-report] [--reps 100] [--models mlp mobilenet_v2 ...] [--threads 2]
         [--quiet-wait 300]        # wait (up to 300 s per model) for the machine to be idle before timing
@@ -338,7 +342,9 @@ def rel_err(a: Any, ref: Any) -> float:
 class Probe:
     """Wraps the XNNPACK delegates of a loaded edgeport method with timers (see the module docstring)."""
 
-    def __init__(self, method: Any) -> None:
+    def __init__(self, method: Any, lean: bool = False) -> None:
+        """``lean``: time only the XNNPACK library calls (for the outside-XNNPACK share: the other wrappers
+        cost time outside XNNPACK themselves)."""
         from edgeport_xnnpack import native
         from edgeport_xnnpack.runtime import XnnpackHandle, _Host, _Native, _Shuffle
 
@@ -378,6 +384,8 @@ class Probe:
         self.setup0, self.invoke0 = originals["xnn_setup_runtime"], originals["xnn_invoke_runtime"]
         self.originals = originals
         self.operators: list[Any] = []
+        if lean:
+            return
         binders0 = list(plan.binders)
 
         def wrap_binder(b: Callable[..., Any]) -> Callable[..., Any]:
@@ -472,6 +480,7 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
     prof.op_seconds.clear()
     prof.op_calls.clear()
     runs: list[dict[str, float]] = []
+    lean_runs: list[dict[str, float]] = []
     try:
         method.time_ops = True
         for _ in range(3):
@@ -496,7 +505,17 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
         bare = {k: v[-1] for k, v in interleaved(
             {"execute": lambda: method.execute(x_np), "xnnpack": probe.bare_xnnpack}, max(reps, 20), gap_s,
             warmup=2).items()}
-        method.execute(x_np)  # bind the executor's own buffers again
+        # the share outside XNNPACK, from a lean pass: only the library calls are timed, no op timing
+        lean = Probe(method, lean=True)
+        try:
+            for _ in range(reps):
+                lean.acc.clear()
+                t = time.perf_counter()
+                method.execute(x_np)
+                total = time.perf_counter() - t
+                lean_runs.append({"total": total, **lean.acc})
+        finally:
+            lean.close()
     finally:
         method.time_ops = False
         probe.close()
@@ -504,7 +523,8 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
     def med(key: str) -> float:
         return statistics.median(r.get(key, 0.0) for r in runs) * 1e3
 
-    share = [(r["total"] - r.get("xnn_setup", 0.0) - r.get("xnn_invoke", 0.0)) / r["total"] for r in runs]
+    share = [(r["total"] - r.get("xnn_setup", 0.0) - r.get("xnn_invoke", 0.0)) / r["total"] for r in lean_runs]
+    share_full = [(r["total"] - r.get("xnn_setup", 0.0) - r.get("xnn_invoke", 0.0)) / r["total"] for r in runs]
     share_host = [(r["total"] - r.get("xnn_setup", 0.0) - r.get("xnn_invoke", 0.0) - r.get("host steps", 0.0))
                   / r["total"] for r in runs]
     comps = {k: med(k) for k in ("total", "bind inputs", "executor.execute", "Runtime.run", "xnn_setup", "xnn_invoke",
@@ -515,6 +535,7 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
         "components_ms": comps,
         "outside_share": statistics.median(share),
         "outside_share_min": min(share),
+        "outside_share_full_probe": statistics.median(share_full),
         "outside_share_excl_host": statistics.median(share_host),
         "bare_ms": statistics.median(bare["xnnpack"]) * 1e3,
         "bare_execute_ms": statistics.median(bare["execute"]) * 1e3,
@@ -789,19 +810,23 @@ def render(results: list[dict[str, Any]], meta: dict[str, str], args: argparse.N
     L.append("### Where edgeport's time goes")
     L.append("")
     L.append("Instrumented pass on edgeport's 2-thread method (timers wrapped around the input binders, the "
-             "executor's `execute`, each native step's `Runtime.run`, the library calls `xnn_setup_runtime` / "
-             "`xnn_invoke_runtime` inside it, and each numpy host step; `method.time_ops` for portable kernels), "
+             "executor's `execute`, each native runtime's `run_list` and channel-shuffle operator's `run`, the library "
+             "calls inside them, and each numpy host segment; `method.time_ops` for portable kernels), "
              f"medians of {args.prof_reps} runs in ms. Core runtime = `method.execute` outside the executor (input "
-             "copy into planned memory, portable kernels, the rest: interpreter loop, delegate output copies, output "
-             "copies); executor glue = `execute` outside the native steps and host steps; `Runtime.run` binding = "
-             "Python/ctypes around the two library calls. outside XNNPACK = (execute - setup - invoke) / execute, "
-             "median (min) of the per-run shares. `bare` (uninstrumented) = median of a loop of only setup + invoke over "
-             "the same native runtimes, interleaved with `method.execute`: outside (bare) = 1 - bare / execute.")
+             "binding, portable kernels, the rest: interpreter loop, delegate output copies, output "
+             "copies); executor glue = `execute` outside the native, operator and host steps; `Runtime.run` binding = "
+             "Python/ctypes around the library calls. xnn_setup / xnn_invoke = time inside XNNPACK's setup and run "
+             "calls of runtimes and operators (the NCHW <-> NHWC channel shuffles run on XNNPACK's operator API and "
+             "count as XNNPACK). outside XNNPACK = (execute - setup - invoke) / execute, median (min) of the per-run "
+             "shares, from a lean pass that times only the library calls (no op timing); `full probe` = the same "
+             "share under all the wrappers above. `bare` = median of a loop of only the invoke / run-operator calls "
+             "on the buffers the executor last set up (it re-runs setup only when a pointer changes), interleaved "
+             "with `method.execute`: outside (bare) = 1 - bare / execute.")
     L.append("")
     L.append("| model | method.execute | core: bind inputs | core: portable ops | core: rest | executor glue "
-             "| host steps | Runtime.run binding | xnn_setup | xnn_invoke | outside XNNPACK | excl. host steps "
-             "| bare XNNPACK / execute | outside (bare) |")
-    L.append("|---|" + "---:|" * 13)
+             "| host steps | Runtime.run binding | xnn_setup | xnn_invoke | outside XNNPACK | full probe "
+             "| excl. host steps | bare XNNPACK / execute | outside (bare) |")
+    L.append("|---|" + "---:|" * 14)
     profs = []
     for r in results:
         if r.get("prof"):
@@ -817,6 +842,7 @@ def render(results: list[dict[str, Any]], meta: dict[str, str], args: argparse.N
                  f"| {core_rest:.3f} | {glue:.3f} | {c['host steps']:.3f} | {binding:.3f} "
                  f"| {c['xnn_setup']:.3f} | {c['xnn_invoke']:.3f} "
                  f"| {p['outside_share'] * 100:.1f}% ({p['outside_share_min'] * 100:.1f}%) "
+                 f"| {p.get('outside_share_full_probe', float('nan')) * 100:.1f}% "
                  f"| {p['outside_share_excl_host'] * 100:.1f}% | {p['bare_ms']:.3f} / {p['bare_execute_ms']:.3f} "
                  f"| {(1 - p['bare_ms'] / p['bare_execute_ms']) * 100:.1f}% |")
     L.append("")
@@ -936,26 +962,24 @@ def hot_spots(results: list[dict[str, Any]], candidate: dict[str, tuple[float, f
                  "median only because ExecuTorch's own runs spread so widely. Fix: a newer "
                  "libXNNPACK (the executor's binding is the subgraph API, stable enough to follow), nothing in "
                  "edgeport's Python.")
-    # 2. host steps in the CNNs
+    # 2. the NCHW <-> NHWC transposes of the CNNs
     cnn = []
     for name in ("mobilenet_v2", "mobilenet_v2_int8", "resnet18"):
         p = by.get(name, {}).get("prof")
         if p:
-            c = p["components_ms"]
-            cnn.append(f"{name} {c['host steps']:.3f} ms of {c['total']:.3f} ms "
-                       f"({c['host steps'] / c['total'] * 100:.1f}%)")
+            c, st = p["components_ms"], p["steps"]
+            where = (f"{st.get('operator', 0)} channel-shuffle operator step(s)" if st.get("operator")
+                     else f"{st['host']} numpy host step(s), {c['host steps']:.3f} ms")
+            cnn.append(f"{name}: {where}")
     if cnn:
         np_t = next((v for k, v in candidate.items() if k.startswith("numpy")), None)
         xs_t = next((v for k, v in candidate.items() if k.startswith("xnn")), None)
-        fix = ""
-        if np_t and xs_t:
-            fix = (f" The same libXNNPACK does it natively: `xnn_create_channel_shuffle_nc_x32(groups=C, "
-                   f"group_channels=H*W)` is exactly NCHW -> NHWC (and groups=H*W, group_channels=C the way back): "
-                   f"{xs_t[0]:.3f} ms instead of numpy's {np_t[0]:.3f} ms here (single thread, bit-exact). Fix: "
-                   "make the executor plan 4-D NCHW<->NHWC `XNNStaticTranspose` nodes as channel-shuffle "
-                   "operators (or fold the input transpose into the binding of the first native step).")
-        L.append("2. **The CNNs' one host step**, the numpy NCHW -> NHWC transpose of the input image (the 2022 "
-                 "library has no transpose node): " + "; ".join(cnn) + "." + fix)
+        alone = (f" (alone, single thread, warm caches: numpy {np_t[0]:.3f} ms, channel shuffle {xs_t[0]:.3f} ms; "
+                 "inside a run the image is no longer in cache and the shuffle takes longer)" if np_t and xs_t else "")
+        L.append("2. **The CNNs' NCHW -> NHWC input transpose** (the 2022 library has no transpose node): the executor "
+                 "runs 2-D transposes of 32-bit elements on XNNPACK's `channel_shuffle_nc_x32` operator "
+                 "(groups = C, group_channels = H*W), created once per delegate, set up again only when a pointer "
+                 "changes; its time counts as XNNPACK time" + alone + ". " + "; ".join(cnn) + ".")
     # 3. the outside-XNNPACK share of MobileNetV2
     p = by.get("mobilenet_v2", {}).get("prof")
     if p:
@@ -964,17 +988,14 @@ def hot_spots(results: list[dict[str, Any]], candidate: dict[str, tuple[float, f
         binding = c["Runtime.run"] - c["xnn_setup"] - c["xnn_invoke"]
         core_rest = c["total"] - c["executor.execute"] - c["bind inputs"] - c["portable ops"]
         L.append(f"3. **MobileNetV2 outside XNNPACK: {p['outside_share'] * 100:.1f}%** of `method.execute` "
-                 f"(median of the runs; lowest run {p['outside_share_min'] * 100:.1f}%; goal < 3%; "
-                 f"{p['outside_share_excl_host'] * 100:.1f}% without the host transpose; "
-                 f"uninstrumented estimate {(1 - p['bare_ms'] / p['bare_execute_ms']) * 100:.1f}%). Per run: "
-                 f"host transpose {c['host steps']:.3f} ms, input copy into planned memory {c['bind inputs']:.3f} "
-                 f"ms, the rest of the core runtime {core_rest:.3f} ms, executor glue {glue:.3f} ms, ctypes around "
-                 f"the library calls {binding:.3f} ms, `xnn_setup_runtime` {c['xnn_setup']:.3f} ms (inside the "
-                 "library, re-run every call). Fixes: the channel-shuffle transpose above; bind a method input that "
-                 "only a delegate reads without copying it into the arena (the executor already takes caller "
-                 "memory); call `xnn_setup_runtime` only when a bound pointer changed (the executor's own buffers "
-                 "are stable; only the caller's input and the fresh output arrays move, and those could be "
-                 "preallocated per handle).")
+                 f"(median of the lean pass's runs; lowest run {p['outside_share_min'] * 100:.1f}%; goal < 3%; "
+                 f"{p.get('outside_share_full_probe', float('nan')) * 100:.1f}% under the full probe; "
+                 f"bare-loop estimate {(1 - p['bare_ms'] / p['bare_execute_ms']) * 100:.1f}%). Per run (full probe): "
+                 f"input binding {c['bind inputs']:.3f} ms, the rest of the core runtime {core_rest:.3f} ms, "
+                 f"executor glue {glue:.3f} ms, Python/ctypes around the library calls {binding:.3f} ms, "
+                 f"`xnn_setup_runtime` {c['xnn_setup']:.3f} ms (run only when a bound pointer changes). What remains "
+                 "is Python around the delegate call, which runs with cold caches after ~4 ms of XNNPACK work (and "
+                 "next to the pool's spinning worker), so it costs several times what it costs in a warm loop.")
     # 4. the encoder
     r = by.get("encoder")
     if r and r.get("prof"):
@@ -982,33 +1003,24 @@ def hot_spots(results: list[dict[str, Any]], candidate: dict[str, tuple[float, f
         which = "with one shared pool, the candidate pool fix" if r.get("prof_shared") else "as shipped"
         c = p["components_ms"]
         s = p["steps"]
-        bmm = sum(v for k, v in p["host_ms"].items() if k.startswith("BatchMatrixMultiply"))
         ln = p["op_ms"].get("aten::native_layer_norm.out", 0.0)
-        mask = sum(v for k, v in p["op_ms"].items() if not k.startswith("delegate")) - ln
+        portable = sum(v for k, v in p["op_ms"].items() if not k.startswith("delegate"))
         eg, ep1 = t("encoder", "eager"), t("encoder", "edgeport_diag")
         L.append(f"4. **Transformer encoder** (profiled {which}): {s['delegates']} delegates, {s['native']} "
-                 f"native XNNPACK runtimes and {s['host']} numpy host steps per run (the 2022 library has no batch matmul, transpose or "
-                 f"slice node, so each attention is cut into many runtimes), plus portable kernels between the "
-                 f"delegates. Per run: host steps {c['host steps']:.3f} ms (batch matmuls {bmm:.3f} ms, the rest "
-                 f"transposes and slices), layer norm on portable kernels {ln:.3f} ms, the attention's "
-                 f"all-masked-row check (eq/logical_not/any/full_like/where) {mask:.3f} ms, `xnn_setup_runtime` "
-                 f"{c['xnn_setup']:.3f} ms, ctypes around {s['native']} runtimes "
+                 f"native XNNPACK runtimes and {s['host']} numpy host segments per run (the 2022 library has no "
+                 "batch matmul, transpose or slice node; the executor schedules each delegate's nodes so that they "
+                 "cluster, runs reshapes, transposes and slices as numpy views and materializes only values that "
+                 "leave a segment, the batch matmuls writing straight into them on one OpenBLAS thread). Per run: "
+                 f"host segments {c['host steps']:.3f} ms, portable kernels outside the delegates {portable:.3f} ms"
+                 + (f" (layer norm {ln:.3f} ms)" if ln else "")
+                 + f", `xnn_setup_runtime` {c['xnn_setup']:.3f} ms, Python/ctypes around {s['native']} runtimes "
                  f"{c['Runtime.run'] - c['xnn_setup'] - c['xnn_invoke']:.3f} ms, XNNPACK compute "
                  f"{c['xnn_invoke']:.3f} ms"
                  + (f"; eager takes {eg[0]:.2f} ms (min {eg[1]:.2f}) for everything" if eg else "")
-                 + (f", edgeport on 1 thread {ep1[0]:.2f} ms" if ep1 else "") + ". The work outside XNNPACK "
-                 f"({c['total'] - c['xnn_invoke']:.2f} ms of {c['total']:.2f} ms) is what stands between edgeport "
-                 "and <= 1.0x eager. Fixes, by payoff: (a) "
-                 "lower layer norm to XNNPACK nodes the 2022 library has (mean = global average pooling of a "
-                 "[tokens, d, 1, 1] view, subtract, square, pool again, add eps, sqrt, divide, multiply, add): it "
-                 "removes the portable kernels after the attention and after the feed-forward, so a layer's last two "
-                 "delegates and the next layer's first can merge (the masked-row check still splits the "
-                 "attention: the 2022 library has no comparison node); (b) replace `_safe_softmax`'s all-masked-row select (6 portable kernels and 4 temporaries "
-                 "over the 8x128x128 scores) with one fused kernel (`rows = (x == -inf).all(-1)`, patch only if "
-                 "`rows.any()`); (c) keep the attention's head split in one layout so the transposes/slices "
-                 "around the numpy batch matmuls disappear (the matmuls themselves already run in OpenBLAS); "
-                 f"(d) fewer, larger native runtimes: each of the {s['native']} costs a ctypes round trip, a "
-                 "setup and a pool wake-up.")
+                 + (f", edgeport on 1 thread {ep1[0]:.2f} ms" if ep1 else "") + ". Left outside XNNPACK "
+                 f"({c['total'] - c['xnn_invoke'] - c['xnn_setup']:.2f} ms of {c['total']:.2f} ms): the attention's "
+                 "all-masked-row check on portable kernels (the 2022 library has no comparison node) and the "
+                 "numpy batch matmuls (a newer libXNNPACK has batch matmul and transpose nodes).")
     L.append("")
     n = 0
     for i, line in enumerate(L):  # number the items that were written
