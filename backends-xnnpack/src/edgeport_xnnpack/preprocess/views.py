@@ -186,19 +186,20 @@ class Views:
         self.pending[node] = View(src, idx, eager)
         return True
 
-    def scale(self, node: torch.fx.Node, x: Any, factor: float) -> bool:
-        """``node = x * factor`` folded into the weights of the constant FC that pending view ``x`` reads."""
+    def scale(self, node: torch.fx.Node, x: Any, factor: float, eager: Callable[[], None]) -> bool:
+        """``node = x * factor`` folded into the weights of the constant FC that pending view ``x`` reads
+        (``eager`` lowers ``node`` as a plain multiply, should the view not factor)."""
         if not self.enabled or x not in self.pending or not math.isfinite(factor):
             return False
         v = self.pending[x]
         info = self.fc.get(v.src.id)
-        if info is None:
+        if info is None or info.minmax is not None:
             return False
         key = ("scale", v.src.id, float(factor))
         if key not in self._derived:
             bias = None if info.bias is None else info.bias * np.float32(factor)
             self._derived[key] = self._emit_fc(info, info.weight * np.float32(factor), bias)
-        self.pending[node] = View(self._derived[key], v.idx, v.eager)
+        self.pending[node] = View(self._derived[key], v.idx, eager)
         return True
 
     # -- fully connected helpers --------------------------------------------------------------------------------

@@ -38,10 +38,11 @@ def _operand(b: GraphBuilder, a: Any, layout: str) -> int:
     return b.convert(v, NHWC).id
 
 
-def _lower(b: GraphBuilder, node: Any, kind: str) -> None:
+def _lower(b: GraphBuilder, node: Any, kind: str, fold: bool = True) -> None:
     x, y = node.args[0], node.args[1]
-    if (kind in ("mul", "div") and b.views is not None and isinstance(y, (int, float)) and y != 0
-            and b.views.scale(node, x, float(y) if kind == "mul" else 1.0 / float(y))):
+    if (fold and kind in ("mul", "div") and b.views is not None and isinstance(y, (int, float)) and y != 0
+            and b.views.scale(node, x, float(y) if kind == "mul" else 1.0 / float(y),
+                              lambda: _lower(b, node, kind, fold=False))):
         return  # folded into the weights of the fully connected node the view reads
     out_shape = tuple(node.meta["val"].shape)
     layout = NCHW
