@@ -110,6 +110,23 @@ def test_layer_norm_mean_and_rstd_outputs(runtime):
         assert rel_err(out, ref) <= LN_RTOL
 
 
+@needs_xnnpack
+@pytest.mark.executorch
+def test_layer_norm_with_runtime_weight_and_bias():
+    class RuntimeAffine(nn.Module):
+        def forward(self, x, w, b):
+            return nn.functional.layer_norm(x, [11], w, b, 1e-5)
+
+    model = RuntimeAffine()
+    args = (torch.randn(2, 3, 11) * 4.0, torch.randn(11), torch.randn(11))
+    edge, buffer, partitioner = lower_edgeport(model, args)
+    assert delegate_count(edge) == 1 and not partitioner.rejections, partitioner.rejections
+    ref = eager(model, args)
+    assert rel_err(run_edgeport(buffer, args), ref) <= LN_RTOL
+    pytest.importorskip("executorch")
+    assert rel_err(run_executorch(buffer, args), ref) <= LN_RTOL
+
+
 def encoder(layers: int = 2, d: int = 64, heads: int = 4, seed: int = 0) -> tuple[nn.Module, tuple]:
     torch.manual_seed(seed)
     layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True)
