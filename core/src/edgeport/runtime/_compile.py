@@ -4,7 +4,8 @@ Each instruction becomes a ``(function, argument getter, post)`` triple: ``funct
 closure running a delegate, a move, a free), ``get`` an :func:`operator.itemgetter` over the value slots and
 ``post``, where a result must be stored (dynamic shapes, scalars, lists, delegates), ``post(vals, result)``.
 A list value over slots that change during a run is rebuilt by a resolver operation just before its use.
-``JumpFalseCall`` becomes ``(JUMP, condition slot, destination op index)``.
+``JumpFalseCall`` becomes ``(JUMP, condition slot, destination op index)``. A delegate call whose executor takes
+``out=`` gets the planned arrays of its outputs to write into, except where they could overlap its inputs.
 """
 
 from __future__ import annotations
