@@ -537,8 +537,8 @@ class _Bindings:
             raise XnnpackError(f"expected {len(self.names)} buffers ({self.names}), got {len(arrays)}")
         try:
             changed = not self.valid
-            pinned, ptrs = self.pinned, self.ptrs
-            for i, a in enumerate(arrays):
+            pinned, ptrs, i = self.pinned, self.ptrs, 0
+            for a in arrays:
                 if a is pinned[i]:
                     ptr = self.pinned_ptr[i]
                 else:
@@ -546,6 +546,7 @@ class _Bindings:
                 if ptr != ptrs[i]:
                     ptrs[i] = ptr
                     changed = True
+                i += 1
             return changed
         except BaseException:
             self.valid = False  # some pointers may have been replaced: set up again next time
@@ -583,6 +584,7 @@ class Runtime:
         self._bindings = _Bindings(self.order, [self.nbytes(v) for v in self.order],
                                    [bool(self.externals[v][2] & FLAG_EXTERNAL_OUTPUT) for v in self.order])
         self.setups = 0  # how many times xnn_setup_runtime ran (diagnostics)
+        self._xnn = self.lib.xnn
 
     def pin(self, buffers: dict[int, np.ndarray]) -> None:
         """Check once arrays that :meth:`run_list` will get for these external ids on every call (see
@@ -611,17 +613,20 @@ class Runtime:
     def run_list(self, arrays: Sequence[np.ndarray]) -> None:
         """Bind ``arrays`` (one per id of :attr:`order`) without copying them, except an input that ends within
         ``EXTRA_BYTES`` of a page boundary (staged in a padded buffer), set up if a pointer changed, invoke."""
-        if not self.handle:
+        handle = self.handle
+        if not handle:
             raise XnnpackError("the runtime was deleted")
         b = self._bindings
         if b.bind(arrays):
             b.valid = False
             for i, ptr in enumerate(b.ptrs):
                 self._ext[i].data = ptr
-            self.lib.check(self.lib.xnn.xnn_setup_runtime(self.handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
+            self.lib.check(self.lib.xnn.xnn_setup_runtime(handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
             b.valid = True
             self.setups += 1
-        self.lib.check(self.lib.xnn.xnn_invoke_runtime(self.handle), "xnn_invoke_runtime")
+        status = self._xnn.xnn_invoke_runtime(handle)
+        if status:
+            self.lib.check(status, "xnn_invoke_runtime")
 
     def close(self) -> None:
         if self.handle:
@@ -662,6 +667,8 @@ class ChannelShuffle:
         self.handle: int | None = h.value
         self._bindings = _Bindings(["input", "output"], [batch * c * 4] * 2, [False, True])
         self.setups = 0
+        self._xnn = self.lib.xnn
+        self._pool_handle = pool.handle if pool else None
 
     def pin(self, src: np.ndarray | None = None, dst: np.ndarray | None = None) -> None:
         """Check once the input / output array that every later :meth:`run` binds (see ``_Bindings.pin``)."""
@@ -671,13 +678,16 @@ class ChannelShuffle:
 
     def run(self, src: np.ndarray, dst: np.ndarray) -> None:
         """``dst`` (any 4-byte dtype, exact byte size, writable) = the shuffled ``src``; they must not overlap."""
-        if not self.handle:
+        handle = self.handle
+        if not handle:
             raise XnnpackError("the channel shuffle operator was deleted")
         b = self._bindings
-        if b.bind((src, dst)):
+        changed = b.bind((src, dst))
+        if src.itemsize != 4 or dst.itemsize != 4:
             b.valid = False
-            if src.itemsize != 4 or dst.itemsize != 4:
-                raise XnnpackError("channel shuffle moves 32-bit elements")
+            raise XnnpackError("channel shuffle moves 32-bit elements")
+        if changed:
+            b.valid = False
             if np.shares_memory(src, dst):
                 raise XnnpackError("channel shuffle input and output overlap")
             pool = self.pool.handle if self.pool else None
@@ -686,8 +696,9 @@ class ChannelShuffle:
                            "xnn_setup_channel_shuffle_nc_x32")
             b.valid = True
             self.setups += 1
-        self.lib.check(self.lib.xnn.xnn_run_operator(self.handle, self.pool.handle if self.pool else None),
-                       "xnn_run_operator")
+        status = self._xnn.xnn_run_operator(handle, self._pool_handle)
+        if status:
+            self.lib.check(status, "xnn_run_operator")
 
     def close(self) -> None:
         if self.handle:

@@ -412,24 +412,28 @@ class XnnpackExecutor(RuntimeExecutor):
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
         """Run the delegate. ``out`` (optional): one entry per output, a writable C-contiguous float32 array of
         the output's shape to compute into, or ``None``; the returned list holds those same arrays."""
-        if not isinstance(handle, XnnpackHandle) or not handle.alive:
+        if type(handle) is not XnnpackHandle or not handle.alive:
             raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
         if len(inputs) != len(handle.inputs):
             raise RuntimeExecutionError(f"{BACKEND_ID}: expected {len(handle.inputs)} inputs, got {len(inputs)}")
         results = _outputs(handle, out)
+        env = dict(handle.buffers)  # per call: no reference to the caller's arrays outlives it
+        k = 0
+        for vid, dims in handle.inputs:
+            a = inputs[k]
+            if type(a) is not np.ndarray:
+                a = np.asarray(a)
+            if a.dtype != _F32 or a.shape != dims:
+                raise RuntimeExecutionError(f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, "
+                                            f"got {a.dtype} {list(a.shape)}")
+            env[vid] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+            k += 1
+        k = 0
+        for vid, _ in handle.outputs:
+            env[vid] = results[k]
+            k += 1
+        step = None
         with self._lock:
-            env = dict(handle.buffers)  # per call: no reference to the caller's arrays outlives it
-            for k, (vid, dims) in enumerate(handle.inputs):
-                a = inputs[k]
-                if type(a) is not np.ndarray:
-                    a = np.asarray(a)
-                if a.dtype != _F32 or a.shape != dims:
-                    raise RuntimeExecutionError(f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, "
-                                                f"got {a.dtype} {list(a.shape)}")
-                env[vid] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-            for (vid, _), r in zip(handle.outputs, results, strict=True):
-                env[vid] = r
-            step = None
             try:
                 for step in handle.steps:
                     step.run(env)
@@ -461,14 +465,17 @@ def _outputs(handle: XnnpackHandle, out: Sequence[np.ndarray | None] | None) -> 
         raise RuntimeExecutionError(f"{BACKEND_ID}: out has {len(out)} entries, the delegate has "
                                     f"{len(handle.outputs)} outputs")
     results = []
-    for k, ((_, dims), a) in enumerate(zip(handle.outputs, out, strict=True)):
+    k = 0
+    for _, dims in handle.outputs:
+        a = out[k]
+        k += 1
         if a is None:
             a = np.empty(dims, np.float32)
         elif type(a) is not np.ndarray or a.dtype != _F32 or a.shape != dims or not a.flags.c_contiguous \
                 or not a.flags.writeable:
             got = (f"{a.dtype} {list(a.shape)}, C-contiguous={a.flags.c_contiguous}, writeable={a.flags.writeable}"
                    if isinstance(a, np.ndarray) else type(a).__name__)
-            raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k}] must be a writable C-contiguous float32 array of "
+            raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k - 1}] must be a writable C-contiguous float32 array of "
                                         f"shape {list(dims)}, got {got}")
         results.append(a)
     return results
