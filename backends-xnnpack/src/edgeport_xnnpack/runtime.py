@@ -1,12 +1,14 @@
 """``XnnpackExecutor``: runs XNNPACK delegate blobs (edgeport's and ExecuTorch's) on libXNNPACK. Torch-free.
 
-``init`` reads and checks the blob (any malformation -> :class:`~edgeport.errors.ProgramError`), then plans it
-as steps in blob order: maximal runs of nodes this libXNNPACK can define become one native subgraph/runtime
-each (weights packed once, at creation), and the nodes it lacks (static transpose, concatenate, slice, batch
-matrix multiply, ...) become numpy host steps. Values crossing a step boundary get a buffer allocated once.
-Constants that XNNPACK packs are read from the blob during ``init`` only; the few it keeps pointers to are
-copied, so the blob is not retained. ``execute`` binds the caller's arrays and fresh output arrays as external
-values without copying them. ``destroy`` frees every native object.
+``init`` reads and checks the blob (any malformation -> :class:`~edgeport.errors.ProgramError`) and plans it
+(:mod:`edgeport_xnnpack._plan`): each node runs in a native XNNPACK subgraph/runtime, in a numpy host segment
+(nodes this libXNNPACK lacks: batch matrix multiply, slice, concatenate, ...; reshapes, transposes and slices
+there are free views) or, for 2-D transposes such as NCHW <-> NHWC, on XNNPACK's channel-shuffle operator; the
+nodes are reordered (dependencies kept) so that each kind clusters into few steps. Values crossing a step get a
+padded buffer allocated once. Constants that XNNPACK packs are read from the blob during ``init`` only; the few
+it keeps pointers to are copied, so the blob is not retained. ``execute(handle, inputs, out=None)`` binds the
+caller's arrays and the ``out`` arrays (or fresh ones) without copying them, re-runs XNNPACK's setup only when
+a bound pointer changed, and keeps no reference to them afterwards. ``destroy`` frees every native object.
 """
 
 from __future__ import annotations

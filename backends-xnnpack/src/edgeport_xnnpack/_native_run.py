@@ -1,0 +1,269 @@
+"""Running what :mod:`edgeport_xnnpack.native` builds: ``xnn_runtime_t`` (:class:`Runtime`) and the channel-shuffle
+operator (:class:`ChannelShuffle`), with checked, cached external-buffer bindings. Torch-free; import them from
+``edgeport_xnnpack.native``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+from ctypes import c_void_p
+from typing import Any
+
+import numpy as np
+
+from edgeport_xnnpack.native import (
+    _PAGE,
+    DATATYPE_ITEMSIZE,
+    EXTRA_BYTES,
+    FLAG_EXTERNAL_OUTPUT,
+    Subgraph,
+    ThreadPool,
+    XnnpackError,
+    _ExternalValue,
+    _u32,
+    library,
+)
+
+
+def _near_page_end(end: int) -> bool:
+    """Whether reading ``EXTRA_BYTES`` past ``end`` (exclusive) may touch the next page."""
+    return (end - 1) // _PAGE != (end - 1 + EXTRA_BYTES) // _PAGE
+
+
+def padded_empty(shape: Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+    """An uninitialized C-contiguous, 64-byte aligned array followed by at least ``EXTRA_BYTES`` of its own
+    memory and not ending within ``EXTRA_BYTES`` of a page end, so binding it as an input never needs staging."""
+    dt = np.dtype(dtype)
+    n = math.prod(shape) * dt.itemsize
+    raw = np.empty(n + EXTRA_BYTES + 192, np.uint8)
+    off = -raw.ctypes.data % 64
+    if n and _near_page_end(raw.ctypes.data + off + n):
+        off += 64
+    return raw[off:off + n].view(dt).reshape(tuple(shape))
+
+
+class _Bindings:
+    """Checked pointers of the external buffers of one runtime or operator, remembered between calls.
+
+    ``bind(arrays)`` validates each array (C-contiguous numpy array of the exact byte size; outputs writable),
+    stages an input that ends within ``EXTRA_BYTES`` of a page end in a padded copy, and returns whether a
+    pointer differs from the last bound one (the caller then re-runs XNNPACK's setup). Only pointers are kept,
+    no references to the caller's arrays: XNNPACK reads and writes bound memory during the call only, and
+    each call binds its own arrays. ``pin(i, array)`` checks an array that will be bound at slot ``i`` on
+    every call (an executor's own buffer) once; binding that same object later skips the checks.
+    """
+
+    def __init__(self, names: Sequence[Any], nbytes: Sequence[int], outputs: Sequence[bool]) -> None:
+        self.names, self.nbytes, self.outputs = list(names), list(nbytes), list(outputs)
+        n = len(self.names)
+        self.pinned: list[Any] = [None] * n
+        self.pinned_ptr: list[int] = [0] * n
+        self.ptrs: list[int] = [0] * n
+        self.stage: list[np.ndarray | None] = [None] * n
+        self.valid = False  # setup succeeded with self.ptrs
+
+    def pin(self, i: int, a: np.ndarray) -> bool:
+        """Pin ``a`` to slot ``i`` if it is valid there and never needs staging; returns whether it was."""
+        ptr, st = self._check(i, a)
+        if st is not None:
+            return False
+        self.pinned[i], self.pinned_ptr[i] = a, ptr
+        return True
+
+    def _check(self, i: int, a: Any) -> tuple[int, np.ndarray | None]:
+        nb = self.nbytes[i]
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.nbytes != nb:
+            raise XnnpackError(f"external value {self.names[i]} needs a C-contiguous array of {nb} bytes")
+        ptr = a.ctypes.data
+        if self.outputs[i]:
+            if not a.flags.writeable:
+                raise XnnpackError(f"external output {self.names[i]} is read-only")
+        elif nb and _near_page_end(ptr + nb):
+            st = self.stage[i]
+            if st is None or st.nbytes != nb + EXTRA_BYTES:
+                st = np.empty(nb + EXTRA_BYTES, np.uint8)
+            st[:nb] = a.reshape(-1).view(np.uint8)
+            return st.ctypes.data, st
+        return ptr, None
+
+    def bind(self, arrays: Sequence[Any]) -> bool:
+        if len(arrays) != len(self.names):
+            raise XnnpackError(f"expected {len(self.names)} buffers ({self.names}), got {len(arrays)}")
+        try:
+            changed = not self.valid
+            pinned, ptrs, i = self.pinned, self.ptrs, 0
+            for a in arrays:
+                if a is pinned[i]:
+                    ptr = self.pinned_ptr[i]
+                else:
+                    ptr, self.stage[i] = self._check(i, a)
+                if ptr != ptrs[i]:
+                    ptrs[i] = ptr
+                    changed = True
+                i += 1
+            return changed
+        except BaseException:
+            self.valid = False  # some pointers may have been replaced: set up again next time
+            raise
+
+    def clear(self) -> None:
+        n = len(self.names)
+        self.pinned, self.ptrs, self.stage, self.valid = [None] * n, [0] * n, [None] * n, False
+
+
+class Runtime:
+    """An ``xnn_runtime_t`` built from a :class:`Subgraph`; owns what XNNPACK still points to after creation.
+
+    Static data that XNNPACK packs at creation (convolution / fully-connected filters and biases read by no
+    other node) is *not* retained, so the caller may release it; all other static data is kept alive here.
+    ``xnn_setup_runtime`` runs only when a bound pointer changed since the last successful setup.
+    """
+
+    def __init__(self, subgraph: Subgraph, pool: ThreadPool | None = None, flags: int = 0) -> None:
+        self.lib = subgraph.lib
+        h = c_void_p()
+        status = self.lib.xnn.xnn_create_runtime_v2(subgraph._h(), pool.handle if pool else None,
+                                                    _u32(flags, "runtime flags"), ctypes.byref(h))
+        self.lib.check(status, "xnn_create_runtime_v2")
+        self.handle: int | None = h.value
+        self.pool = pool
+        self.keep = {vid: arr for vid, arr in subgraph.static.items()
+                     if vid < 0 or subgraph._reads.get(vid, {"input"}) != {"weight"}}
+        self.externals = {vid: (dt, dims, subgraph.flags[vid]) for vid, (dt, dims) in subgraph.shapes.items()
+                          if subgraph.flags.get(vid)}
+        self.order = list(self.externals)  # the external value ids in the order run_list takes buffers
+        self._ext = (_ExternalValue * max(len(self.order), 1))()
+        for i, vid in enumerate(self.order):
+            self._ext[i].id = vid
+        self._bindings = _Bindings(self.order, [self.nbytes(v) for v in self.order],
+                                   [bool(self.externals[v][2] & FLAG_EXTERNAL_OUTPUT) for v in self.order])
+        self.setups = 0  # how many times xnn_setup_runtime ran (diagnostics)
+        self._xnn = self.lib.xnn
+
+    def pin(self, buffers: dict[int, np.ndarray]) -> None:
+        """Check once arrays that :meth:`run_list` will get for these external ids on every call (see
+        ``_Bindings.pin``); they are referenced until :meth:`close`."""
+        for vid, a in buffers.items():
+            self._bindings.pin(self.order.index(vid), a)
+
+    @property
+    def _scratch(self) -> dict[int, np.ndarray]:
+        """Inputs currently staged in padded copies (value id -> staging buffer)."""
+        b = self._bindings
+        return {vid: st for vid, st in zip(b.names, b.stage, strict=True) if st is not None}
+
+    def nbytes(self, vid: int) -> int:
+        dt, dims, _ = self.externals[vid]
+        return math.prod(dims) * DATATYPE_ITEMSIZE[dt]
+
+    def run(self, buffers: dict[int, np.ndarray]) -> None:
+        """Bind every external value (id -> numpy buffer) and invoke; see :meth:`run_list`."""
+        if not self.handle:
+            raise XnnpackError("the runtime was deleted")
+        if set(buffers) != set(self.externals):
+            raise XnnpackError(f"external values {sorted(self.externals)} expected, got {sorted(buffers)}")
+        self.run_list([buffers[vid] for vid in self.order])
+
+    def run_list(self, arrays: Sequence[np.ndarray]) -> None:
+        """Bind ``arrays`` (one per id of :attr:`order`) without copying them, except an input that ends within
+        ``EXTRA_BYTES`` of a page boundary (staged in a padded buffer), set up if a pointer changed, invoke."""
+        handle = self.handle
+        if not handle:
+            raise XnnpackError("the runtime was deleted")
+        b = self._bindings
+        if b.bind(arrays):
+            b.valid = False
+            for i, ptr in enumerate(b.ptrs):
+                self._ext[i].data = ptr
+            self.lib.check(self.lib.xnn.xnn_setup_runtime(handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
+            b.valid = True
+            self.setups += 1
+        status = self._xnn.xnn_invoke_runtime(handle)
+        if status:
+            self.lib.check(status, "xnn_invoke_runtime")
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.xnn.xnn_delete_runtime(self.handle)
+        self.handle = None
+        self.keep = {}
+        self._bindings.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class ChannelShuffle:
+    """XNNPACK's ``channel_shuffle_nc_x32`` operator: ``batch`` items of ``[groups, group_channels]`` 32-bit
+    elements transposed to ``[group_channels, groups]`` (groups = C, group_channels = H*W is NCHW -> NHWC; the
+    reverse is groups = H*W, group_channels = C). Created once; set up again only when a pointer changes; runs
+    on ``pool``. ``close()`` deletes the operator."""
+
+    def __init__(self, batch: int, groups: int, group_channels: int, pool: ThreadPool | None = None) -> None:
+        self.lib = library()
+        if not self.lib.operators:
+            raise XnnpackError("this libXNNPACK has no channel_shuffle_nc_x32 operator")
+        for what, v in (("batch", batch), ("groups", groups), ("group_channels", group_channels)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31:
+                raise XnnpackError(f"channel shuffle {what} must be an int in 1..2**31-1, got {v!r}")
+        if groups < 2:
+            raise XnnpackError("channel shuffle needs at least 2 groups")
+        self.batch, self.groups, self.group_channels = batch, groups, group_channels
+        self.pool = pool
+        c = groups * group_channels
+        h = c_void_p()
+        self.lib.check(self.lib.xnn.xnn_create_channel_shuffle_nc_x32(groups, group_channels, c, c, 0,
+                                                                      ctypes.byref(h)),
+                       "xnn_create_channel_shuffle_nc_x32")
+        self.handle: int | None = h.value
+        self._bindings = _Bindings(["input", "output"], [batch * c * 4] * 2, [False, True])
+        self.setups = 0
+        self._xnn = self.lib.xnn
+        self._pool_handle = pool.handle if pool else None
+
+    def pin(self, src: np.ndarray | None = None, dst: np.ndarray | None = None) -> None:
+        """Check once the input / output array that every later :meth:`run` binds (see ``_Bindings.pin``)."""
+        for i, a in enumerate((src, dst)):
+            if a is not None:
+                self._bindings.pin(i, a)
+
+    def run(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """``dst`` (any 4-byte dtype, exact byte size, writable) = the shuffled ``src``; they must not overlap."""
+        handle = self.handle
+        if not handle:
+            raise XnnpackError("the channel shuffle operator was deleted")
+        b = self._bindings
+        changed = b.bind((src, dst))
+        if src.itemsize != 4 or dst.itemsize != 4:
+            b.valid = False
+            raise XnnpackError("channel shuffle moves 32-bit elements")
+        if changed:
+            b.valid = False
+            if np.shares_memory(src, dst):
+                raise XnnpackError("channel shuffle input and output overlap")
+            pool = self.pool.handle if self.pool else None
+            self.lib.check(self.lib.xnn.xnn_setup_channel_shuffle_nc_x32(self.handle, self.batch, b.ptrs[0],
+                                                                         b.ptrs[1], pool),
+                           "xnn_setup_channel_shuffle_nc_x32")
+            b.valid = True
+            self.setups += 1
+        status = self._xnn.xnn_run_operator(handle, self._pool_handle)
+        if status:
+            self.lib.check(status, "xnn_run_operator")
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.xnn.xnn_delete_operator(self.handle)
+        self.handle = None
+        self._bindings.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
