@@ -296,6 +296,14 @@ def _dequantize_per_channel(node: Any) -> str | None:
     return None
 
 
+def _dynamic(node: Any) -> str | None:
+    from edgeport_xnnpack.preprocess.dynamic_quantized import (
+        dynamic_pattern_reason,  # needs torch; so does node
+    )
+
+    return dynamic_pattern_reason(node)
+
+
 def _cap(op: str, *checks: Callable[[Any], str | None], notes: str = "") -> OpCapability:
     return OpCapability(op, _F32, constraint=_all(*checks), notes=notes)
 
@@ -364,6 +372,13 @@ QUANTIZED_CAPABILITIES = CapabilityTable((
                  ("int8", "float32", "float64", "int32", "int64"), constraint=_all(_dequantize_per_channel),
                  notes="int8 constant weights (qcint8 filter of an int8 convolution / linear, else folded to "
                  "float32)"),
+    OpCapability("quantized_decomposed.choose_qparams.tensor", ("float32", "float64", "int64"),
+                 constraint=_dynamic, notes="dynamic int8 (XnnpackQuantizer(dynamic=True)): with the quantize / "
+                 "dequantize after it, an XNNConvert to qdint8 (per-row parameters at run time) feeding linears"),
+    OpCapability("quantized_decomposed.quantize_per_tensor.tensor", ("float32", "float64", "int64", "int8"),
+                 constraint=_dynamic, notes="dynamic int8: part of the qdint8 convert"),
+    OpCapability("quantized_decomposed.dequantize_per_tensor.tensor", ("int8", "float64", "int64", "float32"),
+                 constraint=_dynamic, notes="dynamic int8: read only by linears (qdint8 x qcint8 fully connected)"),
 ))
 ALL_CAPABILITIES = CapabilityTable((*CAPABILITIES.ops, *QUANTIZED_CAPABILITIES.ops))
 

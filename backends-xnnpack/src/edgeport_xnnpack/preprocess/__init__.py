@@ -120,6 +120,8 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
     for node in ep.graph.nodes:
         if node.op != "call_function" or node in deferred:
             continue
+        if quant.dynamic is not None and node in quant.dynamic.absorbed:
+            continue  # choose_qparams, its getitems, quantize, dequantize of a dynamic linear: emit nothing
         if node.target is operator.getitem:
             src, index = node.args
             if index and (src, index) in b.extra_outputs:
