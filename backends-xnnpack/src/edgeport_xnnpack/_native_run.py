@@ -93,12 +93,18 @@ class _Bindings:
             raise XnnpackError(f"expected {len(self.names)} buffers ({self.names}), got {len(arrays)}")
         try:
             changed = not self.valid
-            pinned, ptrs, i = self.pinned, self.ptrs, 0
+            pinned, ptrs, nbytes, outputs, i = self.pinned, self.ptrs, self.nbytes, self.outputs, 0
             for a in arrays:
                 if a is pinned[i]:
                     ptr = self.pinned_ptr[i]
+                elif type(a) is np.ndarray and a.flags.c_contiguous and a.nbytes == nbytes[i]:
+                    ptr = a.ctypes.data  # the common case, checked inline
+                    if outputs[i] and a.flags.writeable or not outputs[i] and not _near_page_end(ptr + nbytes[i]):
+                        self.stage[i] = None
+                    else:
+                        ptr, self.stage[i] = self._check(i, a)  # raises, or stages the input
                 else:
-                    ptr, self.stage[i] = self._check(i, a)
+                    ptr, self.stage[i] = self._check(i, a)  # raises
                 if ptr != ptrs[i]:
                     ptrs[i] = ptr
                     changed = True
