@@ -762,7 +762,8 @@ def _latency_table(results: list[dict[str, Any]], key: str, dt: int | None) -> l
         steps = "-"
         if "prof" in r:
             s = r["prof"]["steps"]
-            steps = f"{s['delegates']} delegate(s): {s['native']} native, {s['host']} host"
+            steps = (f"{s['delegates']} delegate(s): {s['native']} native, {s.get('operator', 0)} operator (channel "
+                     f"shuffle), {s['host']} host")
             if r.get("portable_ops"):
                 steps += f"; {len(r['portable_ops'])} portable op kinds"
         L.append(f"| {r['name']} | {_fmt_ms(eg)} | {_fmt_ms(et)} | {_fmt_ms(ep) if ep else 'pending'} "
