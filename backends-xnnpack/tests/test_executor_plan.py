@@ -243,3 +243,22 @@ def test_no_reference_to_the_callers_arrays_is_kept():
         np.testing.assert_allclose(ex.execute(h, [x])[0], attention_reference(x, c)[0], rtol=1e-4, atol=1e-4)
     finally:
         ex.destroy(h)
+
+
+def test_schedule_clusters_sides_and_respects_dependencies():
+    from edgeport_xnnpack._plan import schedule
+
+    # two independent chains a0 -> a1 -> a2 and b0 -> b1 -> b2, sides alternating N, H, N in blob order
+    def node(i: int, o: int) -> XNode:
+        return XNode("XNNSoftmax", dict(input_id=i, output_id=o))
+
+    nodes = [node(0, 10), node(1, 20), node(10, 11), node(20, 21), node(11, 12), node(21, 22)]
+    sides = ["N", "N", "H", "H", "N", "N"]
+    groups = schedule(nodes, sides)
+    assert [(s, sorted(idx)) for s, idx in groups] == [("N", [0, 1]), ("H", [2, 3]), ("N", [4, 5])]
+    order = [i for _, idx in groups for i in idx]
+    produced_at = {o: order.index(j) for j, n in enumerate(nodes) for o in n.outputs()}
+    for j, n in enumerate(nodes):
+        assert all(produced_at[v] < order.index(j) for v in n.inputs() if v in produced_at)
+    # "S" (operator) nodes are one step each, even when adjacent
+    assert [s for s, _ in schedule(nodes[:2], ["S", "S"])] == ["S", "S"]
