@@ -115,3 +115,31 @@ def test_thread_pool_arguments():
     assert pool.handle and pool.num_threads == 2
     pool.close()
     assert native.default_num_threads() >= 1
+
+
+def test_bindings_follow_views_owners_and_staging_across_calls():
+    """Addresses are remembered per slot for views only; every mix of views, owning arrays and a staged input
+    binds the right memory (results against numpy), and setup runs only when an address changed."""
+    rt, w, b = _fc_runtime(None)
+    rng = np.random.default_rng(1)
+    base_in = rng.random((4, 2, 4), dtype=np.float32)
+    views_in = [base_in[0], base_in[1]]            # do not own their memory
+    owned_in = rng.random((2, 4), dtype=np.float32)
+    page = np.zeros(8192, np.uint8)
+    off = (-page.ctypes.data) % 4096
+    staged = page[off + 4096 - 32: off + 4096].view(np.float32).reshape(2, 4)  # a view ending at a page end
+    staged[:] = 2.0
+    base_out = np.zeros((3, 2, 3), np.float32)
+    outs = [base_out[0], base_out[1], np.empty((2, 3), np.float32)]
+    plan = [(views_in[0], outs[0]), (views_in[1], outs[1]), (views_in[0], outs[0]), (owned_in, outs[2]),
+            (staged, outs[1]), (views_in[0], outs[0]), (staged, outs[1]), (views_in[1], outs[2])]
+    for k, (x, out) in enumerate(plan):
+        if k == 6:
+            staged[:] = 3.0  # same view, new contents: the staging copy is refreshed
+        out[...] = np.nan
+        rt.run_list([x, out])
+        np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-6, err_msg=f"call {k}")
+    setups = rt.setups
+    rt.run_list([views_in[1], outs[2]])
+    assert rt.setups == setups  # same addresses as the last call
+    rt.close()

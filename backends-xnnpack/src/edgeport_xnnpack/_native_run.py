@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from collections.abc import Sequence
 from ctypes import c_void_p
 from typing import Any
@@ -49,10 +50,16 @@ class _Bindings:
 
     ``bind(arrays)`` validates each array (C-contiguous numpy array of the exact byte size; outputs writable),
     stages an input that ends within ``EXTRA_BYTES`` of a page end in a padded copy, and returns whether a
-    pointer differs from the last bound one (the caller then re-runs XNNPACK's setup). Only pointers are kept,
-    no references to the caller's arrays: XNNPACK reads and writes bound memory during the call only, and
-    each call binds its own arrays. ``pin(i, array)`` checks an array that will be bound at slot ``i`` on
-    every call (an executor's own buffer) once; binding that same object later skips the checks.
+    pointer differs from the last bound one (the caller then re-runs XNNPACK's setup). No strong reference to
+    the caller's arrays is kept: XNNPACK reads and writes bound memory during the call only, and each call
+    binds its own arrays. ``pin(i, array)`` checks an array that will be bound at slot ``i`` on every call (an
+    executor's own buffer) once; binding that same object later skips the checks.
+
+    Reading an array's address (``a.ctypes.data``) is slow right after XNNPACK has run (tens of microseconds,
+    with the interpreter's caches cold), so it is avoided where it is safe: an array that does not own its
+    memory (a view, such as a planned output or a tensor's ``.numpy()``) can neither be resized nor re-pointed,
+    so the same object (tracked by a weak reference) at the same slot keeps its checked address; a writable
+    array is addressed through the buffer protocol, which is cheaper.
     """
 
     def __init__(self, names: Sequence[Any], nbytes: Sequence[int], outputs: Sequence[bool]) -> None:
@@ -62,6 +69,7 @@ class _Bindings:
         self.pinned_ptr: list[int] = [0] * n
         self.ptrs: list[int] = [0] * n
         self.stage: list[np.ndarray | None] = [None] * n
+        self.seen: list[Any] = [None] * n  # weak reference to the last view bound at each slot (its ptr in ptrs)
         self.valid = False  # setup succeeded with self.ptrs
 
     def pin(self, i: int, a: np.ndarray) -> bool:
@@ -94,16 +102,27 @@ class _Bindings:
         try:
             changed = not self.valid
             pinned, ptrs, nbytes, outputs, i = self.pinned, self.ptrs, self.nbytes, self.outputs, 0
+            seen = self.seen
             for a in arrays:
                 if a is pinned[i]:
                     ptr = self.pinned_ptr[i]
+                    seen[i] = None
+                elif seen[i] is not None and seen[i]() is a and (not outputs[i] or a.flags.writeable):
+                    st = self.stage[i]  # the same view as last time: same address
+                    if st is not None:
+                        st[: nbytes[i]] = a.reshape(-1).view(np.uint8)
+                    i += 1
+                    continue
                 elif type(a) is np.ndarray and a.flags.c_contiguous and a.nbytes == nbytes[i]:
-                    ptr = a.ctypes.data  # the common case, checked inline
-                    if outputs[i] and a.flags.writeable or not outputs[i] and not _near_page_end(ptr + nbytes[i]):
+                    flags = a.flags  # the common case, checked inline
+                    ptr = _address(a, flags.writeable)
+                    if outputs[i] and flags.writeable or not outputs[i] and not _near_page_end(ptr + nbytes[i]):
                         self.stage[i] = None
                     else:
                         ptr, self.stage[i] = self._check(i, a)  # raises, or stages the input
+                    seen[i] = None if flags.owndata or not ptr else weakref.ref(a)
                 else:
+                    seen[i] = None
                     ptr, self.stage[i] = self._check(i, a)  # raises
                 if ptr != ptrs[i]:
                     ptrs[i] = ptr
@@ -112,11 +131,23 @@ class _Bindings:
             return changed
         except BaseException:
             self.valid = False  # some pointers may have been replaced: set up again next time
+            self.seen = [None] * len(self.names)
             raise
 
     def clear(self) -> None:
         n = len(self.names)
         self.pinned, self.ptrs, self.stage, self.valid = [None] * n, [0] * n, [None] * n, False
+        self.seen = [None] * n
+
+
+_char = ctypes.c_char
+
+
+def _address(a: np.ndarray, writeable: bool) -> int:
+    """The address of a C-contiguous array's first byte (0 for an empty array)."""
+    if writeable and a.nbytes:
+        return ctypes.addressof(_char.from_buffer(a))
+    return a.ctypes.data
 
 
 class Runtime:
