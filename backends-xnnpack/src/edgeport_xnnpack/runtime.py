@@ -425,7 +425,7 @@ class XnnpackExecutor(RuntimeExecutor):
             a = inputs[k]
             if type(a) is not np.ndarray:
                 a = np.asarray(a)
-            if a.dtype != _F32 or a.shape != dims:
+            if a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims:
                 raise RuntimeExecutionError(f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, "
                                             f"got {a.dtype} {list(a.shape)}")
             env[vid] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
@@ -459,6 +459,10 @@ class XnnpackExecutor(RuntimeExecutor):
 _F32 = np.dtype(np.float32)
 
 
+def _writable_contiguous(flags: Any) -> bool:
+    return flags.c_contiguous and flags.writeable
+
+
 def _outputs(handle: XnnpackHandle, out: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
     """The arrays the outputs are computed into: ``out``'s entries (checked), fresh arrays for ``None``."""
     if out is None:
@@ -473,8 +477,8 @@ def _outputs(handle: XnnpackHandle, out: Sequence[np.ndarray | None] | None) -> 
         k += 1
         if a is None:
             a = np.empty(dims, np.float32)
-        elif type(a) is not np.ndarray or a.dtype != _F32 or a.shape != dims or not a.flags.c_contiguous \
-                or not a.flags.writeable:
+        elif type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims \
+                or not _writable_contiguous(a.flags):
             got = (f"{a.dtype} {list(a.shape)}, C-contiguous={a.flags.c_contiguous}, writeable={a.flags.writeable}"
                    if isinstance(a, np.ndarray) else type(a).__name__)
             raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k - 1}] must be a writable C-contiguous float32 array of "
