@@ -262,3 +262,51 @@ def test_schedule_clusters_sides_and_respects_dependencies():
         assert all(produced_at[v] < order.index(j) for v in n.inputs() if v in produced_at)
     # "S" (operator) nodes are one step each, even when adjacent
     assert [s for s, _ in schedule(nodes[:2], ["S", "S"])] == ["S", "S"]
+
+
+def test_corrupted_attention_blobs_never_crash():
+    """Random byte flips and truncations of a blob with host segments and views: ProgramError, or a handle that
+    runs (RuntimeExecutionError at worst); never a crash or another exception."""
+    import random
+
+    from edgeport.errors import ProgramError
+
+    blob, _ = attention_blob()
+    rng = random.Random(1)
+    ex = XnnpackExecutor(num_threads=1)
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(300):
+        data = bytearray(blob)
+        if i % 4 == 0:
+            data = data[: rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randint(1, 6)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            h = ex.init(memoryview(bytes(data)), [])
+        except ProgramError:
+            outcomes["error"] += 1
+            continue
+        try:
+            ex.execute(h, [np.ones(dims, np.float32) for _, dims in h.inputs])
+        except RuntimeExecutionError:
+            pass
+        ex.destroy(h)
+        outcomes["ok"] += 1
+    assert outcomes["error"] > 50
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda n: n[2].fields.__setitem__("perm", [1, 0, 5]), "permutation|perm"),
+    (lambda n: n[3].fields.__setitem__("offsets", [3, 0, 0]), "slice"),
+    (lambda n: n[8].fields.__setitem__("input2_id", 8), "inner sizes|matrix"),
+])
+def test_inconsistent_host_nodes_are_program_errors(mutate, message):
+    from edgeport.errors import ProgramError
+    from edgeport_xnnpack.schema import read_blob
+
+    blob, _ = attention_blob()
+    g, consts = read_blob(memoryview(blob))
+    mutate(g.nodes)
+    with pytest.raises(ProgramError, match=message):
+        XnnpackExecutor(num_threads=1).init(memoryview(serialize(g, bytes(consts))), [])

@@ -105,8 +105,8 @@ def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, Tens
             views.add(i)
         elif nat and n.kind == "XNNMultiply" and _scalar_operand(n, values, dims, const):
             flex_mul.add(i)
-        elif n.kind == "XNNStaticTranspose" and operators and values[n.outputs()[0]].datatype == FP32 \
-                and n.get("input_id") not in const:
+        elif n.kind == "XNNStaticTranspose" and operators and n.get("input_id") not in const \
+                and values[n.outputs()[0]].datatype == values[n.get("input_id")].datatype == FP32:
             shape, perm = dims[n.get("input_id")], [int(a) for a in n.get("perm")]
             sd = shuffle_dims(shape, perm) if valid_perm(shape, perm, dims[n.outputs()[0]]) else None
             if sd is not None:

@@ -263,9 +263,11 @@ class _Planner:
                                       if v in buffers})
                 elif isinstance(step, _Shuffle):
                     step.op.pin(buffers.get(step.src), buffers.get(step.dst))
-        except BaseException:
+        except BaseException as exc:
             for step in steps:
                 step.close()
+            if isinstance(exc, native.XnnpackError):
+                raise _fail(str(exc)) from exc
             raise
         return steps, buffers
 
