@@ -70,6 +70,7 @@ class ChainCompiler:
                     self.dynamic_lists[i] = (k.__name__, items)
 
     def compile(self) -> list[CompiledChain]:
+        self.kernel_ops = 0
         return [self._compile_chain(ci, chain) for ci, chain in enumerate(self.plan.chains)]
 
     def _compile_chain(self, ci: int, chain: S.Chain) -> CompiledChain:
@@ -107,6 +108,7 @@ class ChainCompiler:
                 post = self._kernel_post(call.name, params, call.rets, call.stores, call.mut, outs)
                 ops.append((call.entry.fn, getter(arg_slots), post))
                 labels.append(label)
+                self.kernel_ops += 1
             elif k is S.DelegateCall:
                 delegate = self.delegates[a.delegate_index]
                 label += f" (delegate {a.delegate_index}: {delegate.backend_id})"

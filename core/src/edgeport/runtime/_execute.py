@@ -78,32 +78,43 @@ class MethodRunner:
             vals = ctx.vals
             for bind, x in zip(plan.binders, inputs):
                 bind(vals, x)
-            with np.errstate(all="ignore"):
-                for ops, has_jump, labels in plan.chains:
-                    if self.time_ops and not has_jump:
-                        self._run_timed(ops, labels, vals)
-                        continue
-                    if has_jump:
-                        self._run_with_jumps(ops, labels, vals)
-                        continue
-                    i = -1
-                    try:
-                        for i, (fn, get, post) in enumerate(ops):  # noqa: B007 - i names the failing op
-                            r = fn(*get(vals))
-                            if post is not None:
-                                post(vals, r)
-                    except Exception as exc:
-                        raise self._wrap(exc, labels, i) from exc
+            for i, shape, dtype in plan.fresh:  # outputs the run writes into new arrays: returned as they are
+                vals[i] = np.empty(shape, dtype)
+            if plan.uses_kernels:
+                with np.errstate(all="ignore"):
+                    self._run_chains(plan, vals)
+            else:
+                self._run_chains(plan, vals)
             # copies: the context (and its arenas) goes back to the pool for the next run
-            outs = [np.array(vals[i]) if isinstance(vals[i], np.ndarray) else vals[i] for i in plan.output_indices]
+            outs = [np.array(v) if copy and isinstance(v, np.ndarray) else v
+                    for v, copy in zip(map(vals.__getitem__, plan.output_indices), plan.output_copy)]
         finally:
             for i in plan.borrowed:  # hold no reference to the caller's arrays between runs
+                ctx.vals[i] = None
+            for i, _, _ in plan.fresh:
                 ctx.vals[i] = None
             self._release(ctx)
         prof = plan.profile
         prof.runs += 1
         prof.last_run_seconds = time.perf_counter() - t0
         return outs
+
+    def _run_chains(self, plan: MethodPlan, vals: list) -> None:
+        for ops, has_jump, labels in plan.chains:
+            if self.time_ops and not has_jump:
+                self._run_timed(ops, labels, vals)
+                continue
+            if has_jump:
+                self._run_with_jumps(ops, labels, vals)
+                continue
+            i = -1
+            try:
+                for i, (fn, get, post) in enumerate(ops):  # noqa: B007 - i names the failing op
+                    r = fn(*get(vals))
+                    if post is not None:
+                        post(vals, r)
+            except Exception as exc:
+                raise self._wrap(exc, labels, i) from exc
 
     def _run_timed(self, ops: list[tuple], labels: list[str], vals: list) -> None:
         prof = self.plan.profile
