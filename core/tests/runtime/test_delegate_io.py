@@ -248,8 +248,6 @@ def test_outputs_that_are_method_outputs_are_fresh_copies(builder, backend):
     np.testing.assert_array_equal(y1, np.full(4, 3.0))
     np.testing.assert_array_equal(y2, np.zeros(4))
     assert not np.shares_memory(y1, _Affine.calls[-1][1][0])
-    # an output only the delegate writes is a fresh array per run, handed back without a copy
-    assert _Affine.calls[-1][1][0] is y2 and _Affine.calls[-2][1][0] is y1
 
 
 def test_out_is_none_for_dynamic_unplanned_and_aliasing_outputs(builder, backend):
@@ -290,8 +288,7 @@ def test_out_is_none_when_an_input_view_shares_the_output_memory(builder, backen
     x_np = np.array([[-1, 1], [2, 3]], np.float32)
     np.testing.assert_array_equal(method.execute([x_np])[0], 3 * np.maximum(x_np, 0).reshape(-1))
     (view,), (entry,) = _Affine.calls[-1]
-    # d is a method output only the delegate writes: a fresh array (never the planned bytes the view reads)
-    assert entry is None or not np.shares_memory(entry, view)
+    assert entry is None  # d's planned bytes are the ones the view reads
 
 
 @pytest.mark.parametrize("mode", ["ignore", "bad"])

@@ -78,20 +78,15 @@ class MethodRunner:
             vals = ctx.vals
             for bind, x in zip(plan.binders, inputs):
                 bind(vals, x)
-            for i, shape, dtype in plan.fresh:  # outputs the run writes into new arrays: returned as they are
-                vals[i] = np.empty(shape, dtype)
             if plan.uses_kernels:
                 with np.errstate(all="ignore"):
                     self._run_chains(plan, vals)
             else:
                 self._run_chains(plan, vals)
             # copies: the context (and its arenas) goes back to the pool for the next run
-            outs = [np.array(v) if copy and isinstance(v, np.ndarray) else v
-                    for v, copy in zip(map(vals.__getitem__, plan.output_indices), plan.output_copy)]
+            outs = [np.array(vals[i]) if isinstance(vals[i], np.ndarray) else vals[i] for i in plan.output_indices]
         finally:
             for i in plan.borrowed:  # hold no reference to the caller's arrays between runs
-                ctx.vals[i] = None
-            for i, _, _ in plan.fresh:
                 ctx.vals[i] = None
             self._release(ctx)
         prof = plan.profile

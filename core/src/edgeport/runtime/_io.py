@@ -66,37 +66,6 @@ def borrowable_inputs(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
     return found
 
 
-def fresh_outputs(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
-                  delegate_outputs: set[int]) -> set[int]:
-    """Method outputs a run may give a fresh array instead of planned memory (so the result needs no copy at the
-    end): statically planned tensors in the default dim order that only delegate calls write (executors write
-    them through ``out=`` or the runtime copies into them), never read or written by a kernel, moved, listed,
-    an input, state, or returned twice."""
-    touched: set[int] = set(plan.inputs) | analysis.state_tensors
-    for info in analysis.kernel_calls():
-        for idx in (*info.params, *info.rets):
-            touched.add(idx)
-            touched.update(mv.tensor_items(idx))
-    for chain in plan.chains:
-        for instr in chain.instructions:
-            a = instr.instr_args
-            if type(a) is S.MoveCall:
-                touched.update((a.move_from, a.move_to))
-            elif type(a) is S.JumpFalseCall:
-                touched.add(a.cond_value_index)
-    for i in range(len(mv.values)):
-        if mv.kinds[i] in (S.TensorList, S.OptionalTensorList):
-            touched.update(mv.items(i))
-    found = set()
-    for idx in plan.outputs:
-        sp = mv.specs.get(idx)
-        if (sp is not None and sp.mem_id and not sp.dynamic and sp.constant is None and idx in delegate_outputs
-                and idx not in touched and list(plan.outputs).count(idx) == 1
-                and tuple(sp.dim_order) == tuple(range(len(sp.sizes)))):
-            found.add(idx)
-    return found
-
-
 def input_binders(mv: MethodValues, inputs: list[int], layout: MemoryLayout,
                   borrowed: set[int] = frozenset()) -> list[Binder]:
     """One binder per method input; raises ``ProgramError`` for a value that cannot be an input. Inputs in

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from edgeport.errors import ProgramError
 from edgeport.program import schema as S
 from edgeport.runtime._compile import ChainCompiler, CompiledChain
@@ -20,7 +18,7 @@ from edgeport.runtime._delegates import Delegates
 from edgeport.runtime._execute import MethodRunner
 from edgeport.runtime._folding import fold_constants
 from edgeport.runtime._instructions import analyze_instructions
-from edgeport.runtime._io import Binder, borrowable_inputs, fresh_outputs, input_binders
+from edgeport.runtime._io import Binder, borrowable_inputs, input_binders
 from edgeport.runtime._memory import Context, MemoryLayout
 from edgeport.runtime._profile import MethodProfile
 from edgeport.runtime._values import MethodValues
@@ -84,12 +82,6 @@ class MethodPlan:
         self.borrowed: tuple[int, ...] = tuple(sorted(borrowable_inputs(
             mv, plan, analysis, compiler.delegate_inputs, compiler.delegate_outputs)))
         self.binders: list[Binder] = input_binders(mv, self.input_indices, self._layout, set(self.borrowed))
-        #: outputs written into a fresh array each run (returned without a copy): (slot, shape, dtype)
-        fresh = fresh_outputs(mv, plan, analysis, compiler.delegate_outputs) if not self.stateful else set()
-        self.fresh: tuple[tuple[int, tuple[int, ...], np.dtype], ...] = tuple(
-            (i, mv.specs[i].sizes, mv.specs[i].dtype) for i in sorted(fresh))
-        #: per method output: whether the run's result must be copied out of the context
-        self.output_copy: tuple[bool, ...] = tuple(i not in fresh for i in self.output_indices)
 
     def _load_fallback(self, di: int, method: str) -> MethodRunner:
         names = [p.name for p in self.owner._loaded.program.execution_plan]
