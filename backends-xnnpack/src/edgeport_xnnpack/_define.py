@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 from edgeport_xnnpack import native
+from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS
 from edgeport_xnnpack.schema.graph import INVALID_ID, XNode
 
 KEEP_DIMS = 0x40
@@ -48,6 +49,8 @@ def native_kind_ok(node: XNode, is_static: Callable[[int], bool], lib: native.Li
     """``None`` if this library can define ``node`` natively, else why not (the node then runs on the host)."""
     if node.kind not in NATIVE_KINDS:
         return f"this libXNNPACK has no {node.kind} node"
+    if DYNAMIC_ROWS in node.fields:
+        return "this libXNNPACK has no qdint8 (dynamic int8) conversion; emulated on the host"
     flags = node.get("flags")
     allowed = _ALLOWED_FLAGS.get(node.kind, 0)
     if flags & ~allowed:

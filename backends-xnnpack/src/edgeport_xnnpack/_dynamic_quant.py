@@ -17,9 +17,23 @@ Results match the int8 kernels of ExecuTorch's runtime to float32 rounding; the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-__all__ = ["dequantize_filter", "quantize_rows", "row_params"]
+from edgeport_xnnpack.schema.graph import (
+    FP32,
+    INVALID_ID,
+    QCINT8,
+    QDINT8,
+    Graph,
+    PerChannelQuant,
+    PerTokenDynamicQuant,
+    TensorValue,
+)
+
+__all__ = ["DYNAMIC_ROWS", "dequantize_dynamic_filters", "dequantize_filter", "emulate_dynamic_values",
+           "quantize_rows", "row_params"]
 
 
 def row_params(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,3 +77,66 @@ def dequantize_filter(data: np.ndarray, scales: np.ndarray, channel_dim: int) ->
     shape = [1] * data.ndim
     shape[channel_dim] = s.size
     return (data.astype(np.float32) * s.reshape(shape)).astype(np.float32)
+
+
+#: field set on an ``XNNConvert`` to qdint8 once :func:`emulate_dynamic_values` rewrote it (rows' trailing dims)
+DYNAMIC_ROWS = "edgeport_dynamic_rows"
+
+
+def emulate_dynamic_values(graph: Graph) -> set[int]:
+    """Rewrite a blob's ``qdint8`` values (before its values are checked): each becomes a float32 value holding
+    the dequantized numbers; the ``XNNConvert`` producing it is marked with :data:`DYNAMIC_ROWS` (a host step).
+    Returns the rewritten value ids. Raises ``ValueError`` for a use this emulation does not cover."""
+    rows: dict[int, int] = {}
+    for v in graph.values:
+        if v.datatype != QDINT8:
+            continue
+        if not isinstance(v.quant, PerTokenDynamicQuant):
+            raise ValueError(f"qdint8 value {v.id_out} without per-token dynamic quantization parameters")
+        if v.flags or v.constant_buffer_idx:
+            raise ValueError(f"qdint8 value {v.id_out} cannot be a constant or an external value")
+        if not 1 <= v.quant.num_nonbatch_dims <= len(v.dims):
+            raise ValueError(f"qdint8 value {v.id_out}: num_nonbatch_dims {v.quant.num_nonbatch_dims} for dims "
+                             f"{list(v.dims)}")
+        rows[v.id_out] = v.quant.num_nonbatch_dims
+    if not rows:
+        return set()
+    for n in graph.nodes:
+        outs, ins = n.outputs(), n.inputs()
+        if n.kind == "XNNConvert" and outs and outs[0] in rows:
+            if ins[0] in rows:
+                raise ValueError(f"XNNConvert from qdint8 value {ins[0]} to qdint8")
+            n.fields[DYNAMIC_ROWS] = rows[outs[0]]
+            continue
+        if any(o in rows for o in outs):
+            raise ValueError(f"{n.kind} writes qdint8 value(s): only XNNConvert may")
+        for i in ins:
+            if i in rows and not (n.kind == "XNNFullyConnected" and n.get("input1_id") == i):
+                raise ValueError(f"{n.kind} reads qdint8 value {i}: only a fully connected node's input may")
+    for v in graph.values:
+        if v.id_out in rows:
+            v.datatype, v.quant = FP32, None
+    return set(rows)
+
+
+def dequantize_dynamic_filters(graph: Graph, dynamic: set[int], values: dict[int, TensorValue],
+                               const: dict[int, np.ndarray]) -> None:
+    """After constants are loaded: the ``qcint8`` filters of fully connected nodes reading rewritten qdint8
+    values become float32 constants (``int8 * scale``). Per-channel scales must already be resolved."""
+    users: dict[int, int] = {}
+    for n in graph.nodes:
+        for i in n.inputs():
+            users[i] = users.get(i, 0) + 1
+    for n in graph.nodes:
+        if n.kind != "XNNFullyConnected" or n.get("input1_id") not in dynamic:
+            continue
+        fid, bid = n.get("filter_id"), n.get("bias_id")
+        v = values.get(fid)
+        if v is None or fid not in const or v.datatype != QCINT8 or not isinstance(v.quant, PerChannelQuant):
+            raise ValueError(f"fully connected over qdint8 needs a constant qcint8 filter (value {fid})")
+        if users.get(fid, 0) != 1:
+            raise ValueError(f"qcint8 filter {fid} is shared with other nodes")
+        if bid != INVALID_ID and (bid not in const or values[bid].datatype != FP32):
+            raise ValueError(f"fully connected over qdint8 needs a constant float32 bias (value {bid})")
+        const[fid] = dequantize_filter(const[fid], np.asarray(v.quant.scale, np.float32), v.quant.channel_dim)
+        values[fid] = replace(v, datatype=FP32, quant=None)

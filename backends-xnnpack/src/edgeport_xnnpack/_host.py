@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeport_xnnpack._blas import blas_threads
+from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
 
@@ -110,6 +111,15 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
         return _matmul(node, in_shapes, out_shape)
     if kind in _BINARY:
         return _binary(node, in_shapes, out_shape)
+    if kind == "XNNConvert" and DYNAMIC_ROWS in node.fields:  # float32 -> qdint8, emulated (see _dynamic_quant)
+        _check(in_shapes[0] == out_shape, f"dynamic quantization of {in_shapes[0]} into {out_shape}")
+        rows = int(node.fields[DYNAMIC_ROWS])
+
+        def quantized(xs: Sequence[np.ndarray]) -> np.ndarray:
+            out = np.empty(out_shape, np.float32)
+            quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows)
+            return out
+        return _op(quantized, into=lambda xs, out: quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows))
     fn = _UNARY.get(kind)
     if fn is None:
         raise ValueError(f"no host implementation of {kind}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,21 @@ from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack import native
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
+from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._plan import is_view, place, schedule
 from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
-from edgeport_xnnpack.schema.graph import FP32, INVALID_ID, UINT64_MAX, Graph, TensorValue, XNode
+from edgeport_xnnpack.schema.graph import (
+    FP32,
+    INVALID_ID,
+    UINT64_MAX,
+    Graph,
+    PerChannelQuant,
+    TensorValue,
+    XNode,
+)
 from edgeport_xnnpack.schema.reader import BlobError, read_blob
 
 NamedData = Callable[[str], Any] | Mapping[str, Any]
@@ -141,6 +150,8 @@ class _Planner:
                 raise _fail(f"{where}: a value cannot be both an external input and output")
             if v.constant_buffer_idx:
                 self.const[v.id_out] = self._constant(v, where)
+            if isinstance(v.quant, PerChannelQuant) and not v.quant.scale and v.quant.scale_buffer_idx:
+                self.values[v.id_out] = self._scales_from_buffer(v, where)
         ins.sort(key=lambda i: self.values[i].external_id)
         outs.sort(key=lambda i: self.values[i].external_id)
         ext = [self.values[i].external_id for i in ins + outs]
@@ -169,6 +180,15 @@ class _Planner:
         if len(data) < nbytes:
             raise _fail(f"{where}: constant has {len(data)} bytes, dims {v.dims} need {nbytes}")
         return np.frombuffer(data, dtype=dtype, count=math.prod(v.dims)).reshape(v.dims)
+
+    def _scales_from_buffer(self, v: TensorValue, where: str) -> TensorValue:
+        """A per-channel value whose scales ExecuTorch stored in the constant data (``scale_buffer_idx``)."""
+        q = v.quant
+        holder = TensorValue(FP32, [q.num_scales], -1, constant_buffer_idx=q.scale_buffer_idx)
+        scales = self._constant(holder, f"{where} scales")
+        if not np.all(np.isfinite(scales)) or np.any(scales <= 0):
+            raise _fail(f"{where}: per-channel scales must be positive and finite")
+        return replace(v, quant=replace(q, scale=[float(s) for s in scales]))
 
     def _named(self, key: str, where: str) -> memoryview:
         if self.named is None:
@@ -210,7 +230,7 @@ class _Planner:
             if why is not None:
                 raise _fail(f"{n.kind}: {why}")
             return True
-        if n.kind not in HOST_KINDS:
+        if n.kind not in HOST_KINDS and DYNAMIC_ROWS not in n.fields:
             raise _fail(f"{n.kind} is not supported: {why}")
         return False
 
@@ -378,9 +398,18 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
         graph, constants = read_blob(processed)
     except (BlobError, TypeError) as exc:
         raise _fail(str(exc)) from exc
+    try:  # qdint8 (dynamic int8) values: float32 values holding the dequantized numbers, see _dynamic_quant
+        dynamic = emulate_dynamic_values(graph)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
     planner = _Planner(graph, constants, named_data, lib)
     inputs, outputs = planner.check_values()
     planner.check_nodes(inputs)
+    if dynamic:
+        try:
+            dequantize_dynamic_filters(graph, dynamic, planner.values, planner.const)
+        except ValueError as exc:
+            raise _fail(str(exc)) from exc
     threads = num_threads or options.num_threads
     pool = native.shared_pools.acquire(threads) if threads != 1 else None
     try:
