@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from edgeport_xnnpack import native
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS
+from edgeport_xnnpack._rewrite_int8 import INT8_MEAN
 from edgeport_xnnpack.schema.graph import INVALID_ID, XNode
 
 KEEP_DIMS = 0x40
@@ -51,6 +52,8 @@ def native_kind_ok(node: XNode, is_static: Callable[[int], bool], lib: native.Li
         return f"this libXNNPACK has no {node.kind} node"
     if DYNAMIC_ROWS in node.fields:
         return "this libXNNPACK has no qdint8 (dynamic int8) conversion; emulated on the host"
+    if INT8_MEAN in node.fields:
+        return "this libXNNPACK rounds int8 means differently from newer XNNPACK; emulated on the host"
     flags = node.get("flags")
     allowed = _ALLOWED_FLAGS.get(node.kind, 0)
     if flags & ~allowed:

@@ -17,6 +17,7 @@ import numpy as np
 
 from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
+from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_mean
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
 
@@ -120,6 +121,16 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
             quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows)
             return out
         return _op(quantized, into=lambda xs, out: quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows))
+    if kind == "XNNGlobalAvgPooling2d" and INT8_MEAN in node.fields:  # int8, rounded as newer XNNPACK does
+        params = node.fields[INT8_MEAN]
+        _check(len(in_shapes[0]) == 4 and math.prod(out_shape) == in_shapes[0][0] * in_shapes[0][3],
+               f"global average pooling of {in_shapes[0]} into {out_shape}")
+
+        def mean(xs: Sequence[np.ndarray]) -> np.ndarray:
+            out = np.empty(out_shape, np.int8)
+            int8_mean(xs[0], params, out)
+            return out
+        return _op(mean, into=lambda xs, out: int8_mean(xs[0], params, out))
     fn = _UNARY.get(kind)
     if fn is None:
         raise ValueError(f"no host implementation of {kind}")

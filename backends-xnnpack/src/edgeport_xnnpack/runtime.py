@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,17 +24,19 @@ import numpy as np
 from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack import native
+from edgeport_xnnpack._constants import NP_DTYPES as _NP
+from edgeport_xnnpack._constants import NamedData, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._plan import is_view, place, schedule
+from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.schema.graph import (
     FP32,
     INVALID_ID,
-    UINT64_MAX,
     Graph,
     PerChannelQuant,
     TensorValue,
@@ -42,9 +44,7 @@ from edgeport_xnnpack.schema.graph import (
 )
 from edgeport_xnnpack.schema.reader import BlobError, read_blob
 
-NamedData = Callable[[str], Any] | Mapping[str, Any]
 _WEIGHT_KINDS = ("XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNFullyConnected")
-_NP = {1: np.float32, 2: np.float16, 3: np.int8, 4: np.uint8, 5: np.int32, 6: np.int8, 7: np.int32}
 
 
 def _fail(msg: str) -> ProgramError:
@@ -149,57 +149,15 @@ class _Planner:
             elif v.flags:
                 raise _fail(f"{where}: a value cannot be both an external input and output")
             if v.constant_buffer_idx:
-                self.const[v.id_out] = self._constant(v, where)
+                self.const[v.id_out] = load_constant(self.g, self.constants, self.named, v, where)
             if isinstance(v.quant, PerChannelQuant) and not v.quant.scale and v.quant.scale_buffer_idx:
-                self.values[v.id_out] = self._scales_from_buffer(v, where)
+                self.values[v.id_out] = scales_from_buffer(self.g, self.constants, self.named, v, where)
         ins.sort(key=lambda i: self.values[i].external_id)
         outs.sort(key=lambda i: self.values[i].external_id)
         ext = [self.values[i].external_id for i in ins + outs]
         if ext != list(range(len(ext))) or len(ext) != self.g.num_externs:
             raise _fail(f"external ids {ext} must be 0..{self.g.num_externs - 1}, inputs first")
         return ins, outs
-
-    def _constant(self, v: TensorValue, where: str) -> np.ndarray:
-        idx, dtype = v.constant_buffer_idx, np.dtype(_NP[v.datatype])
-        nbytes = math.prod(v.dims) * dtype.itemsize
-        if self.g.legacy_buffers is not None and not len(self.constants):
-            if idx >= len(self.g.legacy_buffers):
-                raise _fail(f"{where}: constant_buffer index {idx} out of range")
-            data = self.g.legacy_buffers[idx]
-        else:
-            if idx >= len(self.g.constant_data):
-                raise _fail(f"{where}: constant_data index {idx} out of range ({len(self.g.constant_data)})")
-            entry = self.g.constant_data[idx]
-            if entry.named_key is not None and (entry.named_key or entry.offset == UINT64_MAX):
-                data = self._named(entry.named_key, where)
-            else:
-                if entry.offset > len(self.constants) or entry.size > len(self.constants) - entry.offset:
-                    raise _fail(f"{where}: constant [{entry.offset}, +{entry.size}) lies outside the "
-                                f"{len(self.constants)}-byte constant data (truncated blob?)")
-                data = self.constants[entry.offset:entry.offset + entry.size]
-        if len(data) < nbytes:
-            raise _fail(f"{where}: constant has {len(data)} bytes, dims {v.dims} need {nbytes}")
-        return np.frombuffer(data, dtype=dtype, count=math.prod(v.dims)).reshape(v.dims)
-
-    def _scales_from_buffer(self, v: TensorValue, where: str) -> TensorValue:
-        """A per-channel value whose scales ExecuTorch stored in the constant data (``scale_buffer_idx``)."""
-        q = v.quant
-        holder = TensorValue(FP32, [q.num_scales], -1, constant_buffer_idx=q.scale_buffer_idx)
-        scales = self._constant(holder, f"{where} scales")
-        if not np.all(np.isfinite(scales)) or np.any(scales <= 0):
-            raise _fail(f"{where}: per-channel scales must be positive and finite")
-        return replace(v, quant=replace(q, scale=[float(s) for s in scales]))
-
-    def _named(self, key: str, where: str) -> memoryview:
-        if self.named is None:
-            raise _fail(f"{where}: weights are stored in the program's named data (key {key[:16]}...), but no "
-                        "named data was passed to the executor; this edgeport runtime must pass named_data= to init")
-        try:
-            data = self.named[key] if isinstance(self.named, Mapping) else self.named(key)
-            mv = memoryview(data)
-            return mv.cast("B") if mv.ndim != 1 or mv.itemsize != 1 else mv
-        except Exception as exc:  # noqa: BLE001 - any lookup failure is a program error
-            raise _fail(f"{where}: named data {key!r} not found: {exc}") from exc
 
     def check_nodes(self, inputs: list[int]) -> None:
         defined = set(inputs) | set(self.const)
@@ -215,7 +173,8 @@ class _Planner:
                     raise _fail(f"{where}: output value {vid} is not defined")
                 if vid in defined:
                     raise _fail(f"{where}: value {vid} is produced twice or is an input/constant")
-                if self.values[vid].datatype != FP32 and n.kind in HOST_KINDS:
+                if self.values[vid].datatype != FP32 and n.kind in HOST_KINDS and not (
+                        n.kind == "XNNStaticTranspose" and int8_transpose_ok(n, self.values)):
                     raise _fail(f"{where}: non-float32 values are not supported here")
                 defined.add(vid)
         for vid, v in self.values.items():
@@ -230,7 +189,7 @@ class _Planner:
             if why is not None:
                 raise _fail(f"{n.kind}: {why}")
             return True
-        if n.kind not in HOST_KINDS and DYNAMIC_ROWS not in n.fields:
+        if n.kind not in HOST_KINDS and DYNAMIC_ROWS not in n.fields and INT8_MEAN not in n.fields:
             raise _fail(f"{n.kind} is not supported: {why}")
         return False
 
@@ -404,6 +363,10 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
         raise _fail(str(exc)) from exc
     planner = _Planner(graph, constants, named_data, lib)
     inputs, outputs = planner.check_values()
+    try:  # qint8 x qcint8 fully connected -> 1x1 convolution; int8 transposes (see _rewrite_int8)
+        rewrite_int8(graph, planner.values, planner.dims, planner.const)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
     planner.check_nodes(inputs)
     if dynamic:
         try:
