@@ -20,7 +20,7 @@ from edgeport.errors import ProgramError
 from edgeport.program import load_pte
 from edgeport_xnnpack._rewrite_int8 import int8_mean
 from edgeport_xnnpack.runtime import XnnpackExecutor
-from edgeport_xnnpack.schema.graph import QCINT8, QINT8, PerChannelQuant, PerTensorQuant
+from edgeport_xnnpack.schema.graph import INVALID_ID, QCINT8, QINT8, PerChannelQuant, PerTensorQuant
 from edgeport_xnnpack.schema.reader import read_blob
 from edgeport_xnnpack.schema.writer import serialize
 
@@ -133,11 +133,23 @@ def test_int8_mobilenet_v2_matches_executorch():
     # int8 global average pooling is rounded as newer XNNPACK does (the 2022 kernel is a step off on ties)
     buffer, steps = compare(mobilenet_v2)
     assert steps == 0
+    handle = init(buffer)
+    try:  # 64x64 input: a 2x2 pooling with an odd zero point -> the host mean
+        assert [s.label for s in handle.steps if "host" in s.label] == ["host[1 nodes: StaticTranspose]",
+                                                                        "host[1 nodes: GlobalAvgPooling2d]"]
+    finally:
+        XnnpackExecutor().destroy(handle)
 
 
 @pytest.mark.slow
 def test_int8_mobilenet_v2_224_matches_executorch():
-    compare(lambda: mobilenet_v2(224))
+    buffer, steps = compare(lambda: mobilenet_v2(224))
+    assert steps == 0
+    handle = init(buffer)
+    try:  # a 7x7 pooling has no ties: native
+        assert [s.label for s in handle.steps if "host" in s.label] == ["host[1 nodes: StaticTranspose]"]
+    finally:
+        XnnpackExecutor().destroy(handle)
 
 
 # -- the int8 mean ---------------------------------------------------------------------------------------------
@@ -186,11 +198,13 @@ def _corrupt(buffer: bytes, how: str):
         _replace_value(graph, fc.get("input1_id"), dims=[3, 7])
     elif how == "missing_filter":
         fc.fields["filter_id"] = 999
+    elif how == "input_unset":  # XNode.inputs() skips INVALID_ID: the check must not
+        fc.fields["input1_id"] = INVALID_ID
     return graph
 
 
 @pytest.mark.parametrize("how", ["filter_scales", "filter_channel_dim", "bias_dtype", "output_dims", "output_float",
-                                 "flags", "input_dims", "missing_filter"])
+                                 "flags", "input_dims", "missing_filter", "input_unset"])
 def test_malformed_int8_fully_connected_is_a_program_error(mlp_blob, how):
     with pytest.raises(ProgramError):
         init(mlp_blob, _corrupt(mlp_blob, how))

@@ -14,8 +14,9 @@ is the same int8 data viewed as ``[N, 1, 1, K]`` (transposed once if the node ha
 
 Transposes of int8 values that only move size-1 dims (``[1, 1, 1, C] -> [1, C, 1, 1]`` before a classifier)
 become static reshapes (native for int8 here); other int8 transposes (ExecuTorch's NCHW <-> NHWC) run on the
-host as numpy transposes, which need equal quantization on both sides. An int8 global average pooling is marked
-(:data:`INT8_MEAN`) to run on the host, rounded as ExecuTorch's newer XNNPACK rounds it (:func:`int8_mean`).
+host as numpy transposes, which need equal quantization on both sides. An int8 global average pooling whose
+rounding on the 2022 kernel could differ (an even window and an odd zero point, or different input and output
+quantization) is marked (:data:`INT8_MEAN`) to run on the host, rounded as newer XNNPACK does (:func:`int8_mean`).
 
 Everything is checked before anything native is defined; a blob this rewrite cannot make sense of raises
 ``ValueError`` (the executor turns it into a ``ProgramError``).
@@ -51,7 +52,7 @@ def rewrite_int8(graph: Graph, values: dict[int, TensorValue], dims: dict[int, t
                  const: dict[int, np.ndarray]) -> int:
     """Rewrite ``graph`` in place (after its values are checked and its constants loaded, before its nodes are
     checked): every ``qint8 x qcint8`` fully connected becomes reshape + 1x1 convolution + reshape, every int8
-    transpose of size-1 dims a reshape, every int8 global average pooling a host-marked node. ``values``/``dims``/``const`` (the planner's) get the new values.
+    transpose of size-1 dims a reshape, int8 global average poolings host-marked where needed. ``values``/``dims``/``const`` (the planner's) get the new values.
     Returns the number of fully connected nodes rewritten; raises ``ValueError`` on an inconsistent node."""
     if not any(v.datatype == QINT8 for v in values.values()):
         return 0
@@ -110,6 +111,7 @@ def int8_mean(x: np.ndarray, params: tuple[float, float, int, int], out: np.ndar
 
 
 def _mark_mean(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]], where: str) -> None:
+    """Mark ``n`` to run on the host unless the 2022 kernel gives the same integers."""
     i, o = n.get("input_id"), n.get("output_id")
     if i not in dims or not _is_int8(values.get(i)) or len(dims[i]) != 4:
         raise ValueError(f"{where}: an int8 global average pooling needs a 4-D qint8 input")
@@ -120,6 +122,8 @@ def _mark_mean(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[i
     count = dims[i][1] * dims[i][2]
     if count == 0:
         raise ValueError(f"{where}: pooling over an empty window")
+    if qi == qo and (count % 2 or qi.zero_point % 2 == 0):
+        return  # no ties (odd count) or round-half-even commutes with the zero point (even): native is exact
     mult = np.float32(np.float32(qi.scale) / np.float32(qo.scale)) * np.float32(1.0 / count)
     bias = np.float32(qo.zero_point) - np.float32(qi.zero_point) * np.float32(count) * mult
     lo, hi = -128, 127

@@ -35,12 +35,15 @@ from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.schema.graph import (
+    CAT_INPUTS,
     FP32,
+    INPUT_FIELDS,
     INVALID_ID,
     Graph,
     PerChannelQuant,
     TensorValue,
     XNode,
+    node_layout,
 )
 from edgeport_xnnpack.schema.reader import BlobError, read_blob
 
@@ -60,7 +63,7 @@ class _Native:
     label: str
 
     def run(self, env: dict[int, np.ndarray]) -> None:
-        self.runtime.run_list([env[v] for v in self.vids])
+        self.runtime.run_list(list(map(env.__getitem__, self.vids)))
 
     def close(self) -> None:
         self.runtime.close()
@@ -163,6 +166,8 @@ class _Planner:
         defined = set(inputs) | set(self.const)
         for i, n in enumerate(self.g.nodes):
             where = f"xnodes[{i}] ({n.kind})"
+            if _missing_ids(n):
+                raise _fail(f"{where}: {', '.join(_missing_ids(n))} not set")
             for vid in n.inputs():
                 if vid not in self.values:
                     raise _fail(f"{where}: input value {vid} is not defined")
@@ -331,6 +336,14 @@ def _weights(n: XNode) -> tuple[int, ...]:
     return ()
 
 
+def _missing_ids(n: XNode) -> list[str]:
+    """Input id fields ``n`` must set but leaves at ``INVALID_ID`` (``XNode.inputs()`` skips those)."""
+    names = [f for f, _ in node_layout(n.kind) if f in INPUT_FIELDS and f not in ("bias_id", "mask_id")]
+    if n.kind in CAT_INPUTS:
+        names = [f"input{k + 1}_id" for k in range(CAT_INPUTS[n.kind])]
+    return [f for f in names if n.get(f) == INVALID_ID]
+
+
 def _other_inputs(n: XNode) -> list[int]:
     w = _weights(n)
     return [i for i in n.inputs() if i not in w]
@@ -407,7 +420,8 @@ class XnnpackExecutor(RuntimeExecutor):
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
         """Run the delegate. ``out`` (optional): one entry per output, a writable C-contiguous float32 array of
-        the output's shape to compute into, or ``None``; the returned list holds those same arrays."""
+        the output's shape to compute into, or ``None``; the returned list holds those same arrays (it is ``out``
+        itself when ``out`` is a list without ``None`` entries)."""
         if type(handle) is not XnnpackHandle or not handle.alive:
             raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
         if len(inputs) != len(handle.inputs):
@@ -458,24 +472,26 @@ def _writable_contiguous(flags: Any) -> bool:
 
 
 def _outputs(handle: XnnpackHandle, out: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
-    """The arrays the outputs are computed into: ``out``'s entries (checked), fresh arrays for ``None``."""
+    """The arrays the outputs are computed into: ``out``'s entries (checked), fresh arrays for ``None``; ``out``
+    itself when it is a list without ``None`` entries."""
     if out is None:
         return [np.empty(dims, np.float32) for _, dims in handle.outputs]
     if len(out) != len(handle.outputs):
         raise RuntimeExecutionError(f"{BACKEND_ID}: out has {len(out)} entries, the delegate has "
                                     f"{len(handle.outputs)} outputs")
-    results = []
+    results = out if type(out) is list else list(out)
     k = 0
     for _, dims in handle.outputs:
         a = out[k]
-        k += 1
         if a is None:
-            a = np.empty(dims, np.float32)
+            if results is out:
+                results = list(out)
+            results[k] = np.empty(dims, np.float32)
         elif type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims \
                 or not _writable_contiguous(a.flags):
             got = (f"{a.dtype} {list(a.shape)}, C-contiguous={a.flags.c_contiguous}, writeable={a.flags.writeable}"
                    if isinstance(a, np.ndarray) else type(a).__name__)
-            raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k - 1}] must be a writable C-contiguous float32 array of "
+            raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k}] must be a writable C-contiguous float32 array of "
                                         f"shape {list(dims)}, got {got}")
-        results.append(a)
+        k += 1
     return results
