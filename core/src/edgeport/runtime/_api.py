@@ -122,6 +122,7 @@ class Method:
         self._program = program
         self._plan = plan
         self._runner = MethodRunner(plan)
+        self._run = self._runner.run if plan.stateful else self._runner._run
         self._finalizer = weakref.finalize(self, plan.destroy)
 
     @property
@@ -149,11 +150,10 @@ class Method:
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         """Run the method on ``inputs`` (numpy arrays, or torch tensors when torch is installed, or scalars);
         returns the outputs as numpy arrays (fresh copies) or Python scalars."""
-        if self._plan is None:
-            raise RuntimeError(f"method {self.name!r} has been released")
-        if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
+        if type(inputs) is not list and type(inputs) is not tuple and (
+                isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple))):
             inputs = list(inputs) if isinstance(inputs, Iterator) else [inputs]
-        return self._runner.run(inputs)
+        return self._run(inputs)
 
     def __call__(self, *inputs: Any) -> list[Any]:
         return self.execute(inputs)

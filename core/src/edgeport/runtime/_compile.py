@@ -233,26 +233,10 @@ class ChainCompiler:
         where = f"delegate {a.delegate_index} ({delegate.backend_id})"
         executor, handle, lock = delegate.executor, delegate.handle, delegate.lock
         get_in = getter(in_idx)
-
-        if delegate.kind == "fallback":
-            runner = executor
-
-            def call(vals):
-                return runner.run(list(get_in(vals)))
-        elif delegate.takes_out:
-            call = self._call_with_out(executor, handle, lock, in_idx, out_idx)
-        elif lock is None:
-            def call(vals):
-                return executor.execute(handle, list(get_in(vals)))
-        else:
-            def call(vals):
-                with lock:
-                    return executor.execute(handle, list(get_in(vals)))
-
         n_expected = len(out_idx)
 
-        def run_delegate(vals):
-            outs = call(vals)
+        def store(vals, outs):
+            """Check a delegate's results and put them into their slots."""
             if outs is None or len(outs) != n_expected:
                 got = "None" if outs is None else str(len(outs))
                 raise RuntimeExecutionError(f"{where} returned {got} outputs, the program expects {n_expected}")
@@ -277,7 +261,77 @@ class ChainCompiler:
                 else:
                     vals[o] = res
 
+        if delegate.kind != "fallback" and delegate.takes_out:
+            direct = self._direct_call(executor, handle, lock, in_idx, out_idx, store)
+            if direct is not None:
+                return direct
+
+        if delegate.kind == "fallback":
+            runner = executor
+
+            def call(vals):
+                return runner.run(list(get_in(vals)))
+        elif delegate.takes_out:
+            call = self._call_with_out(executor, handle, lock, in_idx, out_idx)
+        elif lock is None:
+            def call(vals):
+                return executor.execute(handle, list(get_in(vals)))
+        else:
+            def call(vals):
+                with lock:
+                    return executor.execute(handle, list(get_in(vals)))
+
+        def run_delegate(vals):
+            store(vals, call(vals))
+
         return run_delegate
+
+    def _direct_call(self, executor: Any, handle: Any, lock: Any, in_idx: list[int], out_idx: list[int],
+                     store: Callable[[list, Any], None]) -> Callable[[list], None] | None:
+        """The common case of destination passing, with the least work per call: every output is written into
+        its own planned array (statically planned, no input of unknown memory). ``op(vals)`` passes them as
+        ``out``; when the executor returns that same list holding those same arrays nothing is left to do,
+        anything else goes through ``store`` (checked and copied in). ``None`` when this case does not apply."""
+        slots, unknown = self._out_slots(in_idx, out_idx)
+        if unknown or not out_idx or slots != out_idx:
+            return None
+        get_in, get_out = getter(in_idx), getter(out_idx)
+        if len(out_idx) == 1:
+            o = out_idx[0]
+            if lock is None:
+                def run_one(vals):
+                    dst = vals[o]
+                    outs = [dst]
+                    res = executor.execute(handle, list(get_in(vals)), out=outs)
+                    if res is not outs or outs[0] is not dst:
+                        store(vals, res)
+            else:
+                def run_one(vals):
+                    dst = vals[o]
+                    outs = [dst]
+                    with lock:
+                        res = executor.execute(handle, list(get_in(vals)), out=outs)
+                    if res is not outs or outs[0] is not dst:
+                        store(vals, res)
+            return run_one
+
+        def run_direct(vals):
+            dsts = get_out(vals)
+            outs = list(dsts)
+            if lock is None:
+                res = executor.execute(handle, list(get_in(vals)), out=outs)
+            else:
+                with lock:
+                    res = executor.execute(handle, list(get_in(vals)), out=outs)
+            if res is outs:
+                for r, d in zip(outs, dsts):
+                    if r is not d:
+                        break
+                else:
+                    return
+            store(vals, res)
+
+        return run_direct
 
     def _call_with_out(self, executor: Any, handle: Any, lock: Any, in_idx: list[int],
                        out_idx: list[int]) -> Callable[[list], Any]:

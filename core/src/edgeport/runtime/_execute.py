@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
-from edgeport.runtime._compile import JUMP
+from edgeport.runtime._compile import JUMP, _vals_only
 from edgeport.runtime._memory import Context
 
 if TYPE_CHECKING:
@@ -32,6 +32,9 @@ __all__ = ["MAX_STEPS", "MethodRunner"]
 #: Upper bound on instructions executed in one run of a method with jumps (guards against endless loops).
 MAX_STEPS = 50_000_000
 
+_clock = time.perf_counter
+_ndarray = np.ndarray
+
 
 class MethodRunner:
     """Runs a :class:`~edgeport.runtime._method.MethodPlan`; a pool of execution contexts makes concurrent runs
@@ -40,7 +43,6 @@ class MethodRunner:
     def __init__(self, plan: MethodPlan, max_idle_contexts: int = 8) -> None:
         self.plan = plan
         self._pool: list[Context] = []
-        self._lock = threading.Lock()
         self._max_idle = 1 if plan.stateful else max_idle_contexts
         self._state_lock = threading.Lock()
         try:  # allocate the first context now, so that unsatisfiable memory fails at load, not mid-run
@@ -48,19 +50,18 @@ class MethodRunner:
         except RuntimeExecutionError as exc:
             raise ProgramError(str(exc)) from exc
         self.time_ops = False
-
-    def _acquire(self) -> Context:
-        with self._lock:
-            if self._pool:
-                return self._pool.pop()
-        return self.plan.new_context()
-
-    def _release(self, ctx: Context) -> None:
-        with self._lock:
-            if len(self._pool) < self._max_idle:
-                self._pool.append(ctx)
+        #: output slots; ``_one_output`` is the slot of a method's only output, else -1
+        self._outputs = tuple(plan.output_indices)
+        self._one_output = self._outputs[0] if len(self._outputs) == 1 else -1
+        #: a method whose only operation is one call of its arguments (a fully delegated method): run it directly
+        self._fast = None
+        if len(plan.chains) == 1 and not plan.chains[0][1] and len(plan.chains[0][0]) == 1:
+            fn, get, post = plan.chains[0][0][0]
+            if get is _vals_only and post is None and not plan.uses_kernels:
+                self._fast = fn
 
     def run(self, inputs: Sequence[Any]) -> list[Any]:
+        """Run the method (its callers may call ``_run`` directly for a method without state)."""
         if self.plan.stateful:
             # one set of planned memory holds the method's state: runs take turns
             with self._state_lock:
@@ -69,29 +70,44 @@ class MethodRunner:
 
     def _run(self, inputs: Sequence[Any]) -> list[Any]:
         plan = self.plan
-        if len(inputs) != len(plan.binders):
-            raise RuntimeExecutionError(
-                f"{plan.where}: expected {len(plan.binders)} inputs, got {len(inputs)}")
-        t0 = time.perf_counter()
-        ctx = self._acquire()
+        binders = plan.binders
+        if len(inputs) != len(binders):
+            raise RuntimeExecutionError(f"{plan.where}: expected {len(binders)} inputs, got {len(inputs)}")
+        t0 = _clock()
+        pool = self._pool
         try:
-            vals = ctx.vals
-            for bind, x in zip(plan.binders, inputs):
+            ctx = pool.pop()
+        except IndexError:
+            ctx = plan.new_context()
+        vals = ctx.vals
+        try:
+            for bind, x in zip(binders, inputs):
                 bind(vals, x)
-            if plan.uses_kernels:
+            fast = self._fast
+            if fast is not None and not self.time_ops:
+                try:
+                    fast(vals)
+                except Exception as exc:
+                    raise self._wrap(exc, plan.chains[0][2], 0) from exc
+            elif plan.uses_kernels:
                 with np.errstate(all="ignore"):
                     self._run_chains(plan, vals)
             else:
                 self._run_chains(plan, vals)
             # copies: the context (and its arenas) goes back to the pool for the next run
-            outs = [np.array(vals[i]) if isinstance(vals[i], np.ndarray) else vals[i] for i in plan.output_indices]
+            if self._one_output >= 0:
+                v = vals[self._one_output]
+                outs = [v.copy("K") if type(v) is _ndarray else np.array(v) if isinstance(v, _ndarray) else v]
+            else:
+                outs = [np.array(v) if isinstance(v, _ndarray) else v for v in map(vals.__getitem__, self._outputs)]
         finally:
             for i in plan.borrowed:  # hold no reference to the caller's arrays between runs
-                ctx.vals[i] = None
-            self._release(ctx)
+                vals[i] = None
+            if len(pool) < self._max_idle:
+                pool.append(ctx)
         prof = plan.profile
         prof.runs += 1
-        prof.last_run_seconds = time.perf_counter() - t0
+        prof.last_run_seconds = _clock() - t0
         return outs
 
     def _run_chains(self, plan: MethodPlan, vals: list) -> None:

@@ -21,6 +21,8 @@ __all__ = ["Binder", "borrowable_inputs", "input_binders", "to_numpy"]
 #: ``bind(vals, x)``: check input ``x`` and store it into the value slots ``vals``
 Binder = Callable[[list, Any], None]
 
+_ndarray = np.ndarray
+
 _SCALAR_TYPES: dict[type, type] = {S.Int: int, S.Double: float, S.Bool: bool, S.String: str}
 
 
@@ -105,8 +107,9 @@ def _tensor_binder(where: str, idx: int, sp: TensorSpec, layout: MemoryLayout, b
         return bind_unplanned
     if borrow:
         def bind_borrowed(vals, x):
-            a = to_numpy(x)
-            check(a)
+            a = x if type(x) is _ndarray else to_numpy(x)
+            if a.dtype is not dtype and a.dtype != dtype:
+                check(a)
             if a.shape != sizes:
                 raise RuntimeExecutionError(f"{where}: expected shape {list(sizes)}, got {list(a.shape)}")
             vals[idx] = a
@@ -114,8 +117,9 @@ def _tensor_binder(where: str, idx: int, sp: TensorSpec, layout: MemoryLayout, b
         return bind_borrowed
     if not sp.dynamic:
         def bind_static(vals, x):
-            a = to_numpy(x)
-            check(a)
+            a = x if type(x) is _ndarray else to_numpy(x)
+            if a.dtype is not dtype and a.dtype != dtype:
+                check(a)
             if a.shape != sizes:
                 raise RuntimeExecutionError(f"{where}: expected shape {list(sizes)}, got {list(a.shape)}")
             np.copyto(vals[idx], a)
