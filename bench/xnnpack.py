@@ -24,7 +24,8 @@ with ``time.perf_counter``; portable kernels outside the delegates are timed by 
 ``xnn_setup_channel_shuffle_nc_x32`` / ``xnn_run_operator`` of the operator steps (the executor runs NCHW <-> NHWC
 transposes on XNNPACK's operator API; those count as XNNPACK time, numpy host segments never do). "Outside
 XNNPACK" = ``method.execute`` wall time minus the time inside those calls, from a lean pass that wraps only the
-library calls (the other wrappers would add their own time outside XNNPACK); the share under the full probe is
+library calls (the other wrappers would add their own time outside XNNPACK; each library call's timer -- a
+``perf_counter`` pair and a dict update -- still does, so the share errs high); the share under the full probe is
 shown too. A third estimate interleaves ``method.execute`` with a bare loop of the same ``xnn_invoke_runtime`` /
 ``xnn_run_operator`` calls on the buffers the executor last set up (in a steady loop the executor re-runs setup
 only when a bound pointer changes): 1 - the ratio of the medians. Candidate fixes are measured, never applied to
@@ -371,10 +372,10 @@ class Probe:
         originals = {name: getattr(xnn, name) for name in timed if hasattr(xnn, name)}
 
         def timer(f: Any, key: str) -> Callable[..., Any]:
-            def call(*a: Any) -> Any:
+            def call(*a: Any) -> Any:  # kept lean: what it adds besides f counts as outside XNNPACK
                 t = clock()
                 r = f(*a)
-                add(key, clock() - t)
+                acc[key] = acc.get(key, 0.0) + (clock() - t)
                 return r
             return call
 

@@ -143,3 +143,18 @@ def test_bindings_follow_views_owners_and_staging_across_calls():
     rt.run_list([views_in[1], outs[2]])
     assert rt.setups == setups  # same addresses as the last call
     rt.close()
+
+
+def test_array_addresses_read_from_the_array_object_match_numpy():
+    from edgeport_xnnpack import _native_run
+
+    base = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    ro = base.copy()
+    ro.flags.writeable = False
+    arrays = [base, base[5], base[3:9], ro, ro[7:], np.frombuffer(bytearray(256), np.float32)[3:],
+              np.empty(0, np.float32), np.zeros((2, 3), np.float64)]
+    for a in arrays:
+        assert _native_run._address(a, a.flags.writeable) == a.ctypes.data
+    grown = np.zeros(16, np.float32)
+    grown.resize(1 << 20, refcheck=False)  # an owning array can be re-pointed: its address is read afresh
+    assert _native_run._address(grown, True) == grown.ctypes.data
