@@ -53,6 +53,11 @@ class MethodRunner:
         #: output slots; ``_one_output`` is the slot of a method's only output, else -1
         self._outputs = tuple(plan.output_indices)
         self._one_output = self._outputs[0] if len(self._outputs) == 1 else -1
+        #: how the only output is copied: a statically planned tensor in contiguous dim order is a C-contiguous view,
+        #: copied as such; anything else keeps its layout (np.array's order "K")
+        sp = plan._layout.mv.specs.get(self._one_output)
+        static = sp is not None and sp.mem_id and not sp.dynamic and sp.contiguous_order
+        self._copy_one = _ndarray.copy if static else np.array
         #: a method whose only operation is one call of its arguments (a fully delegated method): run it directly
         self._fast = None
         if len(plan.chains) == 1 and not plan.chains[0][1] and len(plan.chains[0][0]) == 1:
@@ -81,8 +86,11 @@ class MethodRunner:
             ctx = plan.new_context()
         vals = ctx.vals
         try:
-            for bind, x in zip(binders, inputs):
-                bind(vals, x)
+            if len(binders) == 1:
+                binders[0](vals, inputs[0])
+            else:
+                for bind, x in zip(binders, inputs):
+                    bind(vals, x)
             fast = self._fast
             if fast is not None and not self.time_ops:
                 try:
@@ -97,7 +105,7 @@ class MethodRunner:
             # copies: the context (and its arenas) goes back to the pool for the next run
             if self._one_output >= 0:
                 v = vals[self._one_output]
-                outs = [v.copy("K") if type(v) is _ndarray else np.array(v) if isinstance(v, _ndarray) else v]
+                outs = [self._copy_one(v) if type(v) is _ndarray else np.array(v) if isinstance(v, _ndarray) else v]
             else:
                 outs = [np.array(v) if isinstance(v, _ndarray) else v for v in map(vals.__getitem__, self._outputs)]
         finally:
