@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from xnn_helpers import delegate_count, lower_edgeport, needs_xnnpack, rel_err, run_edgeport, run_executorch
+from xnn_helpers import (
+    blob_nodes,
+    delegate_count,
+    lower_edgeport,
+    needs_xnnpack,
+    rel_err,
+    run_edgeport,
+    run_executorch,
+    sqnr,
+)
 
 from edgeport_xnnpack._dynamic_quant import dequantize_filter, quantize_rows, row_params
 from edgeport_xnnpack.schema.graph import FP32, QCINT8, QDINT8, PerTokenDynamicQuant
@@ -27,11 +36,6 @@ from edgeport_xnnpack.quantizer import XnnpackQuantizer  # noqa: E402
 
 MIN_SQNR = 20.0
 AGREE = 1e-5  # edgeport's emulation vs ExecuTorch's int8 kernels, relative to the output's scale
-
-
-def sqnr(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    return float(10 * np.log10((ref ** 2).sum() / max(((ref - out) ** 2).sum(), 1e-30)))
 
 
 class Mlp(nn.Module):
@@ -58,17 +62,6 @@ def dynamic(model: nn.Module, args: tuple, **options) -> torch.fx.GraphModule:
     prepared = prepare_pt2e(torch.export.export(model.eval(), args).module(), XnnpackQuantizer(dynamic=True, **options))
     prepared(*args)  # no calibration needed: one call runs the placeholder observers
     return convert_pt2e(prepared)
-
-
-def blob_kinds(edge) -> Counter:
-    counts: Counter = Counter()
-    for name, module in edge.exported_program().graph_module.named_children():
-        if name.startswith("lowered_module"):
-            graph, _ = read_blob(module.processed_bytes)
-            dtype = {v.id_out: v.datatype for v in graph.values}
-            for n in graph.nodes:
-                counts[(n.kind, dtype[n.outputs()[0]])] += 1
-    return counts
 
 
 # -- the numerics ---------------------------------------------------------------------------------------------
@@ -121,7 +114,7 @@ def test_dynamic_linear_lowered_and_matches_executorch(model, shape):
     cm = dynamic(m, args)
     edge, buffer, _ = lower_edgeport(cm, args)
     assert delegate_count(edge) == 1
-    kinds = blob_kinds(edge)
+    kinds = blob_nodes(edge)
     n_linear = 3 if model is Mlp else 2
     assert kinds[("XNNFullyConnected", FP32)] == n_linear
     assert kinds[("XNNConvert", QDINT8)] == (3 if model is Mlp else 1)

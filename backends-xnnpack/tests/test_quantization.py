@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
 import xnn_zoo as zoo
 from torch import nn
-from xnn_helpers import delegate_count, lower_edgeport, needs_xnnpack
+from xnn_helpers import blob_nodes, delegate_count, lower_edgeport, needs_xnnpack, sqnr
 
 import edgeport
 from edgeport.testing import models
@@ -28,11 +26,6 @@ MIN_SQNR = 20.0  # dB, against the float32 model in eager PyTorch
 _Q = torch.ops.quantized_decomposed
 
 
-def sqnr(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-    return float(10 * np.log10((ref ** 2).sum() / max(((ref - out) ** 2).sum(), 1e-30)))
-
-
 def seeded_inputs(args: tuple, seed: int, count: int) -> list[tuple[torch.Tensor, ...]]:
     g = torch.Generator().manual_seed(seed)
     return [tuple(torch.randn(a.shape, generator=g) for a in args) for _ in range(count)]
@@ -45,18 +38,6 @@ def quantize(model: nn.Module, args: tuple, calibration: int = 4, **options) -> 
         for batch in seeded_inputs(args, 1234, calibration):
             prepared(*batch)
     return convert_pt2e(prepared)
-
-
-def blob_nodes(edge) -> Counter:
-    """(node kind, datatype of its output) -> count, over every XNNPACK delegate of ``edge``."""
-    counts: Counter = Counter()
-    for name, module in edge.exported_program().graph_module.named_children():
-        if name.startswith("lowered_module"):
-            graph, _ = read_blob(module.processed_bytes)
-            dtype = {v.id_out: v.datatype for v in graph.values}
-            for n in graph.nodes:
-                counts[(n.kind, dtype[n.outputs()[0]])] += 1
-    return counts
 
 
 def blob_values(edge) -> list:

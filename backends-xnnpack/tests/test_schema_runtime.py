@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import random
 import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from xnn_helpers import needs_xnnpack
+from xnn_helpers import corrupted_blobs, needs_xnnpack
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack.runtime import XnnpackExecutor
@@ -138,18 +137,11 @@ def test_inconsistent_blobs_are_program_errors(mutate, message):
 @needs_xnnpack
 def test_corrupted_bytes_never_crash():
     _, blob, _, _ = conv_relu_graph()
-    rng = random.Random(0)
     ex = XnnpackExecutor(num_threads=1)
     outcomes = {"ok": 0, "error": 0}
-    for i in range(400):
-        data = bytearray(blob)
-        if i % 4 == 0:
-            data = data[: rng.randrange(len(data))]
-        else:
-            for _ in range(rng.randint(1, 8)):
-                data[rng.randrange(len(data))] = rng.randrange(256)
+    for data in corrupted_blobs(blob, count=400, seed=0, max_flips=8):
         try:
-            h = ex.init(memoryview(bytes(data)), [])
+            h = ex.init(memoryview(data), [])
         except ProgramError:
             outcomes["error"] += 1
             continue

@@ -4,12 +4,11 @@ on edgeport's runtime and on the stock ExecuTorch runtime."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from torch import nn
 from xnn_helpers import (
+    blob_kinds,
     delegate_count,
     eager,
     lower_edgeport,
@@ -19,20 +18,7 @@ from xnn_helpers import (
     run_executorch,
 )
 
-from edgeport_xnnpack.schema.reader import read_blob
-
 LN_RTOL = 1e-5
-
-
-def blob_kinds(edge) -> Counter:
-    """Node kinds over every XnnpackBackend delegate blob of ``edge``."""
-    gm = edge.exported_program().graph_module
-    kinds: Counter = Counter()
-    for name in dir(gm):
-        if name.startswith("lowered_module_"):
-            graph, _ = read_blob(bytes(getattr(gm, name)._processed_bytes))
-            kinds.update(n.kind for n in graph.nodes)
-    return kinds
 
 
 def run_all(buffer: bytes, args: tuple, runtime: str) -> list:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -59,3 +63,45 @@ def run_executorch(buffer: bytes, args: tuple) -> np.ndarray:
 def delegate_count(edge, backend_id: str = "XnnpackBackend") -> int:
     graph = edge.exported_program().graph
     return sum(1 for n in graph.nodes if n.meta.get("delegate_backend") == backend_id)
+
+
+def sqnr(ref: np.ndarray, out: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio of ``out`` against ``ref``, in dB."""
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    return float(10 * np.log10((ref ** 2).sum() / max(((ref - out) ** 2).sum(), 1e-30)))
+
+
+def blob_nodes(edge) -> Counter:
+    """(node kind, datatype of its output) -> count, over every XNNPACK delegate blob of ``edge``."""
+    from edgeport_xnnpack.schema.reader import read_blob
+
+    counts: Counter = Counter()
+    for name, module in edge.exported_program().graph_module.named_children():
+        if name.startswith("lowered_module"):
+            graph, _ = read_blob(module.processed_bytes)
+            dtype = {v.id_out: v.datatype for v in graph.values}
+            for n in graph.nodes:
+                counts[(n.kind, dtype[n.outputs()[0]])] += 1
+    return counts
+
+
+def blob_kinds(edge) -> Counter:
+    """Node kind -> count, over every XNNPACK delegate blob of ``edge``."""
+    kinds: Counter = Counter()
+    for (kind, _), count in blob_nodes(edge).items():
+        kinds[kind] += count
+    return kinds
+
+
+def corrupted_blobs(blob: bytes, count: int, seed: int, max_flips: int) -> Iterator[bytes]:
+    """``count`` damaged copies of ``blob``: every 4th truncated at a random length, the others with 1 to
+    ``max_flips`` random bytes overwritten."""
+    rng = random.Random(seed)
+    for i in range(count):
+        data = bytearray(blob)
+        if i % 4 == 0:
+            data = data[: rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randint(1, max_flips)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        yield bytes(data)

@@ -63,11 +63,19 @@ class HostOp:
     view: bool
 
 
-def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray], view: bool = False,
-        into: Callable[[Sequence[np.ndarray], np.ndarray], None] | None = None) -> HostOp:
+def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, view: bool = False,
+        into: Callable[[Sequence[np.ndarray], np.ndarray], None] | None = None,
+        out_shape: tuple[int, ...] | None = None, out_dtype: type = np.float32) -> HostOp:
+    """A host op from ``compute``, ``into`` or both (``compute`` alone copies into ``out``; ``into`` alone
+    computes into a fresh ``out_dtype`` array of ``out_shape``)."""
     if into is None:
         def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
             np.copyto(out, compute(xs).reshape(out.shape), casting="same_kind")
+    if compute is None:
+        def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
+            out = np.empty(out_shape, out_dtype)
+            into(xs, out)
+            return out
     return HostOp(compute, into, view)
 
 
@@ -115,22 +123,13 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
     if kind == "XNNConvert" and DYNAMIC_ROWS in node.fields:  # float32 -> qdint8, emulated (see _dynamic_quant)
         _check(in_shapes[0] == out_shape, f"dynamic quantization of {in_shapes[0]} into {out_shape}")
         rows = int(node.fields[DYNAMIC_ROWS])
-
-        def quantized(xs: Sequence[np.ndarray]) -> np.ndarray:
-            out = np.empty(out_shape, np.float32)
-            quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows)
-            return out
-        return _op(quantized, into=lambda xs, out: quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows))
+        return _op(into=lambda xs, out: quantize_rows(np.ascontiguousarray(xs[0], np.float32), out, rows),
+                   out_shape=out_shape)
     if kind == "XNNGlobalAvgPooling2d" and INT8_MEAN in node.fields:  # int8, rounded as newer XNNPACK does
         params = node.fields[INT8_MEAN]
         _check(len(in_shapes[0]) == 4 and math.prod(out_shape) == in_shapes[0][0] * in_shapes[0][3],
                f"global average pooling of {in_shapes[0]} into {out_shape}")
-
-        def mean(xs: Sequence[np.ndarray]) -> np.ndarray:
-            out = np.empty(out_shape, np.int8)
-            int8_mean(xs[0], params, out)
-            return out
-        return _op(mean, into=lambda xs, out: int8_mean(xs[0], params, out))
+        return _op(into=lambda xs, out: int8_mean(xs[0], params, out), out_shape=out_shape, out_dtype=np.int8)
     fn = _UNARY.get(kind)
     if fn is None:
         raise ValueError(f"no host implementation of {kind}")
@@ -171,12 +170,7 @@ def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
             np.add(dst, xs[2], out=dst)
         if clamp is not None:
             np.clip(dst, clamp[0], clamp[1], out=dst)
-
-    def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
-        out = np.empty(out_shape, np.float32)
-        into(xs, out)
-        return out
-    return _op(compute, into=into)
+    return _op(into=into, out_shape=out_shape)
 
 
 _BINARY = {"XNNMultiply": np.multiply, "XNNAdd": np.add, "XNNSubtract": np.subtract, "XNNDiv": np.divide}
@@ -192,12 +186,7 @@ def _binary(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
         ufunc(xs[0], xs[1], out=out)
         if clamp is not None:
             np.clip(out, clamp[0], clamp[1], out=out)
-
-    def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
-        out = np.empty(out_shape, np.float32)
-        into(xs, out)
-        return out
-    return _op(compute, into=into)
+    return _op(into=into, out_shape=out_shape)
 
 
 class HostSegment:

@@ -283,9 +283,8 @@ class ChannelShuffle:
             b.valid = False
             if np.shares_memory(src, dst):
                 raise XnnpackError("channel shuffle input and output overlap")
-            pool = self.pool.handle if self.pool else None
-            self.lib.check(self.lib.xnn.xnn_setup_channel_shuffle_nc_x32(self.handle, self.batch, b.ptrs[0],
-                                                                         b.ptrs[1], pool),
+            self.lib.check(self.lib.xnn.xnn_setup_channel_shuffle_nc_x32(handle, self.batch, b.ptrs[0], b.ptrs[1],
+                                                                         self._pool_handle),
                            "xnn_setup_channel_shuffle_nc_x32")
             b.valid = True
             self.setups += 1

@@ -126,7 +126,8 @@ class DynamicPlan:
             self.ops[node] = DynamicLinear(node, x, node.args[0], weight, bias)
             self.absorbed.update(others)
             self.absorbed.add(node.args[0])
-            if all(u in self.ops or u is node for u in w_node.users):
+        for w_node in {op.node.args[1] for op in self.ops.values()}:
+            if all(u in self.ops for u in w_node.users):
                 self.absorbed.add(w_node)  # the int8 weight's dequantize: only read by dynamic linears
         for dq in {op.dq for op in self.ops.values()}:
             strangers = [u.name for u in dq.users if u not in self.ops]

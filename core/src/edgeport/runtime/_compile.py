@@ -11,7 +11,7 @@ A list value over slots that change during a run is rebuilt by a resolver operat
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any
 
 import numpy as np
@@ -296,35 +296,6 @@ class ChainCompiler:
         if unknown or not out_idx or slots != out_idx:
             return None
         get_in, get_out = getter(in_idx), getter(out_idx)
-        if len(out_idx) == 1 and len(in_idx) == 1 and lock is None:  # the most common: one tensor in, one out
-            i, o = in_idx[0], out_idx[0]
-
-            def run_1_1(vals):
-                dst = vals[o]
-                outs = [dst]
-                res = executor.execute(handle, [vals[i]], out=outs)
-                if res is not outs or outs[0] is not dst:
-                    store(vals, res)
-
-            return run_1_1
-        if len(out_idx) == 1:
-            o = out_idx[0]
-            if lock is None:
-                def run_one(vals):
-                    dst = vals[o]
-                    outs = [dst]
-                    res = executor.execute(handle, list(get_in(vals)), out=outs)
-                    if res is not outs or outs[0] is not dst:
-                        store(vals, res)
-            else:
-                def run_one(vals):
-                    dst = vals[o]
-                    outs = [dst]
-                    with lock:
-                        res = executor.execute(handle, list(get_in(vals)), out=outs)
-                    if res is not outs or outs[0] is not dst:
-                        store(vals, res)
-            return run_one
 
         def run_direct(vals):
             dsts = get_out(vals)
@@ -334,13 +305,8 @@ class ChainCompiler:
             else:
                 with lock:
                     res = executor.execute(handle, list(get_in(vals)), out=outs)
-            if res is outs:
-                for r, d in zip(outs, dsts):
-                    if r is not d:
-                        break
-                else:
-                    return
-            store(vals, res)
+            if res is not outs or not all(map(is_, outs, dsts)):
+                store(vals, res)
 
         return run_direct
 
