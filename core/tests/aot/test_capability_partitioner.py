@@ -8,12 +8,13 @@ from collections import defaultdict
 
 import pytest
 import torch
-from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, op_name
-from edgeport.aot.partitioner import DELEGATION_TAG, PartitionResult
-from edgeport.backend import CapabilityTable, CompileSpec, DelegationSpec, OpCapability
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.fx import Graph, Node
+
+from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, op_name
+from edgeport.aot.partitioner import DELEGATION_TAG, PartitionResult
+from edgeport.backend import CapabilityTable, CompileSpec, DelegationSpec, OpCapability
 
 aten = torch.ops.aten
 

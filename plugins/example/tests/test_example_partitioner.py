@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from edgeport.aot.partitioner import DELEGATION_TAG
 from edgeport.backend import CompileSpec, DelegationSpec
 from edgeport_example import CAPABILITIES, ExampleCompileOptions, ExamplePartitioner

@@ -6,10 +6,11 @@ import subprocess
 import sys
 import textwrap
 
-import edgeport
 import importlib_metadata
 import numpy as np
 import torch
+
+import edgeport
 from edgeport.backend import BackendSpec
 from edgeport_example import CAPABILITIES, ExampleCompileOptions, ExampleExecutor, ExamplePartitioner
 

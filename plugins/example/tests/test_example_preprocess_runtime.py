@@ -8,14 +8,15 @@ import struct
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from edgeport.backend import CompileSpec
 from edgeport.errors import EdgeportError, LoweringError, ProgramError, RuntimeExecutionError
 from edgeport_example import __version__
 from edgeport_example import format as fmt
 from edgeport_example.preprocess import preprocess
 from edgeport_example.runtime import ExampleExecutor
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 
 def run_blob(blob: bytes, inputs, specs=()):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, NodeFilter
-from edgeport.backend import CompileSpec
 from torch.export import ExportedProgram
 
+from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, NodeFilter
+from edgeport.backend import CompileSpec
 from edgeport_example.capabilities import BACKEND_ID, CAPABILITIES
 from edgeport_example.options import ExampleCompileOptions
 

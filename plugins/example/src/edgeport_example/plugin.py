@@ -10,7 +10,6 @@ from typing import Any
 
 import edgeport
 from edgeport.backend import BackendSpec, PreprocessResult
-
 from edgeport_example._version import __version__
 from edgeport_example.capabilities import BACKEND_ID, capabilities
 from edgeport_example.options import ExampleCompileOptions

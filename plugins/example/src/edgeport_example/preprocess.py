@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from edgeport.aot.capability_partitioner import dtype_name, op_name
-from edgeport.backend import CompileSpec, PreprocessResult
-from edgeport.errors import LoweringError
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from edgeport.aot.capability_partitioner import dtype_name, op_name
+from edgeport.backend import CompileSpec, PreprocessResult
+from edgeport.errors import LoweringError
 from edgeport_example import format as fmt
 from edgeport_example._version import __version__
 from edgeport_example.capabilities import BACKEND_ID

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
-
 from edgeport_example import format as fmt
 from edgeport_example.capabilities import BACKEND_ID
 from edgeport_example.options import ExampleCompileOptions
