@@ -18,19 +18,22 @@ max abs eager output), so the timings are of correct programs. ``edgeport, 1 thr
 
 Where edgeport's time goes (separate, instrumented passes after the timed one, on the same loaded method): the
 input binders, the XNNPACK executor's ``execute``, each native step's ``Runtime.run_list``, each operator step's
-``run`` (the channel-shuffle transposes), the library calls inside them and each numpy host segment are wrapped
-with ``time.perf_counter``; portable kernels outside the delegates are timed by ``method.time_ops``. Inside XNNPACK
-= the library calls ``xnn_setup_runtime`` / ``xnn_invoke_runtime`` of the runtimes and
-``xnn_setup_channel_shuffle_nc_x32`` / ``xnn_run_operator`` of the operator steps (the executor runs NCHW <-> NHWC
-transposes on XNNPACK's operator API; those count as XNNPACK time, numpy host segments never do). "Outside
-XNNPACK" = ``method.execute`` wall time minus the time inside those calls, from a lean pass that wraps only the
-library calls (the other wrappers would add their own time outside XNNPACK; each library call's timer -- a
-``perf_counter`` pair and a dict update -- still does, so the share errs high); the share under the full probe is
-shown too. A third estimate interleaves ``method.execute`` with a bare loop of the same ``xnn_invoke_runtime`` /
-``xnn_run_operator`` calls on the buffers the executor last set up (in a steady loop the executor re-runs setup
-only when a bound pointer changes): 1 - the ratio of the medians. Candidate fixes are measured, never applied to
-the package: the NCHW -> NHWC input transpose as the library's channel-shuffle operator, and (when the executor
-gives each delegate its own pool) the same program loaded with one shared pool.
+``run`` (the channel-shuffle transposes) -- or, for a delegate whose steps all run through the C glue in one
+direct call, that call -- and each numpy host segment are wrapped with ``time.perf_counter``; portable kernels
+outside the delegates are timed by ``method.time_ops``. Inside XNNPACK = the library calls ``xnn_setup_runtime`` /
+``xnn_invoke_runtime`` of the runtimes and ``xnn_setup_channel_shuffle_nc_x32`` / ``xnn_run_operator`` of the
+operator steps (the executor runs NCHW <-> NHWC transposes on XNNPACK's operator API; those count as XNNPACK time,
+numpy host segments never do). With the C glue (``edgeport_xnnpack._glue``, the default when it is built) the
+glue itself sums the wall time inside each library call (``clock_gettime`` around it, in C); the bench reads
+those counters before and after each run, outside the timed region. Without it, the ctypes functions are
+wrapped in Python timers (their own cost then counts as outside XNNPACK, so the share errs high). "Outside
+XNNPACK" = ``method.execute`` wall time minus the time inside those calls, from a lean pass with no other
+wrappers; the share under the full probe is shown too. A third estimate interleaves ``method.execute`` with a
+bare loop of the same ``xnn_invoke_runtime`` / ``xnn_run_operator`` calls through ctypes on the buffers the
+executor last set up (in a steady loop the executor re-runs setup only when a bound pointer changes): 1 - the
+ratio of the medians. Candidate fixes are measured, never applied to the package: the NCHW -> NHWC input
+transpose as the library's channel-shuffle operator, and (when the executor gives each delegate its own pool)
+the same program loaded with one shared pool.
 
     python bench/xnnpack.py [--quick] [--write-report] [--reps 100] [--models mlp mobilenet_v2 ...] [--threads 2]
         [--quiet-wait 300]        # wait (up to 300 s per model) for the machine to be idle before timing
@@ -366,7 +369,11 @@ class Probe:
             acc[key] = acc.get(key, 0.0) + dt
 
         xnn = self.lib.xnn
-        # inside XNNPACK: the runtime calls and, for channel-shuffle operator steps, the operator calls
+        # inside XNNPACK: the runtime calls and, for channel-shuffle operator steps, the operator calls. With
+        # the C glue the library is called from C, which sums the time inside each call itself (two
+        # clock_gettime calls; nothing in Python): read before and after each run by `begin` / `end`.
+        self.glue = [s.glue()[0] for d in self.delegates for s in d.handle.steps
+                     if isinstance(s, (_Native, _Shuffle)) and s.glue() is not None]
         timed = {"xnn_setup_runtime": "xnn_setup", "xnn_invoke_runtime": "xnn_invoke",
                  "xnn_setup_channel_shuffle_nc_x32": "xnn_setup", "xnn_run_operator": "xnn_invoke"}
         originals = {name: getattr(xnn, name) for name in timed if hasattr(xnn, name)}
@@ -380,7 +387,8 @@ class Probe:
             return call
 
         for name, f in originals.items():
-            setattr(xnn, name, timer(f, timed[name]))
+            if not self.glue:
+                setattr(xnn, name, timer(f, timed[name]))
         self._undo.append(lambda: [setattr(xnn, n, f) for n, f in originals.items()])
         self.setup0, self.invoke0 = originals["xnn_setup_runtime"], originals["xnn_invoke_runtime"]
         self.originals = originals
@@ -411,6 +419,16 @@ class Probe:
 
             ex.execute = ex_exec
             self._undo.append(lambda ex=ex: ex.__dict__.pop("execute", None))
+            direct0 = d.handle.direct
+            if direct0 is not None:  # all steps through the C glue in one call: its time is "Runtime.run"
+                def direct(ins: Any, out: Any, _f: Any = direct0) -> Any:
+                    t = clock()
+                    r = _f(ins, out)
+                    add("Runtime.run", clock() - t)
+                    return r
+
+                d.handle.direct = direct
+                self._undo.append(lambda h=d.handle, f=direct0: setattr(h, "direct", f))
             for step in d.handle.steps:
                 if isinstance(step, (_Native, _Shuffle)):
                     obj, name = (step.runtime, "run_list") if isinstance(step, _Native) else (step.op, "run")
@@ -449,6 +467,21 @@ class Probe:
         for undo in reversed(self._undo):
             undo()
         self._undo = []
+
+    def _glue_ns(self) -> tuple[int, int]:
+        return sum(b.setup_ns for b in self.glue), sum(b.run_ns for b in self.glue)
+
+    def begin(self) -> None:
+        """Before a timed run (outside its timed region): snapshot the C glue's counters."""
+        if self.glue:
+            self._ns0 = self._glue_ns()
+
+    def end(self) -> None:
+        """After a timed run: add the time the C glue spent inside the library calls during it."""
+        if self.glue:
+            (s0, r0), (s1, r1) = self._ns0, self._glue_ns()
+            self.acc["xnn_setup"] = self.acc.get("xnn_setup", 0.0) + (s1 - s0) * 1e-9
+            self.acc["xnn_invoke"] = self.acc.get("xnn_invoke", 0.0) + (r1 - r0) * 1e-9
 
     def bare_setup(self) -> None:
         """The bare loop's calls: ``xnn_invoke_runtime`` of every native runtime and ``xnn_run_operator`` of every
@@ -492,9 +525,11 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
         prof.op_calls.clear()
         for _ in range(reps):
             probe.acc.clear()
+            probe.begin()
             t = time.perf_counter()
             method.execute(x_np)
             total = time.perf_counter() - t
+            probe.end()
             row = {"total": total, **probe.acc}
             runs.append(row)
         method.time_ops = False
@@ -511,9 +546,11 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
         try:
             for _ in range(reps):
                 lean.acc.clear()
+                lean.begin()
                 t = time.perf_counter()
                 method.execute(x_np)
                 total = time.perf_counter() - t
+                lean.end()
                 lean_runs.append({"total": total, **lean.acc})
         finally:
             lean.close()
@@ -533,6 +570,7 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
     comps["portable ops"] = sum(v for k, v in op_ms.items() if not k.startswith("delegate"))
     return {
         "steps": probe.summary(),
+        "glue": "c" if probe.glue else "python",
         "components_ms": comps,
         "outside_share": statistics.median(share),
         "outside_share_min": min(share),
@@ -811,16 +849,21 @@ def render(results: list[dict[str, Any]], meta: dict[str, str], args: argparse.N
     L.append("")
     L.append("### Where edgeport's time goes")
     L.append("")
+    glue_kind = {p.get("glue", "python") for r in results for p in (r.get("prof"), r.get("prof_shared")) if p}
     L.append("Instrumented pass on edgeport's 2-thread method (timers wrapped around the input binders, the "
-             "executor's `execute`, each native runtime's `run_list` and channel-shuffle operator's `run`, the library "
-             "calls inside them, and each numpy host segment; `method.time_ops` for portable kernels), "
+             "executor's `execute`, each native runtime's `run_list` and channel-shuffle operator's `run` -- or the "
+             "one direct call of a delegate whose steps all run through the C glue --, and each numpy host segment; "
+             "the time inside the library calls "
+             + ("summed in C by the C glue `edgeport_xnnpack._glue`, which makes them"
+                if glue_kind == {"c"} else "from Python timers around the ctypes functions")
+             + "; `method.time_ops` for portable kernels), "
              f"medians of {args.prof_reps} runs in ms. Core runtime = `method.execute` outside the executor (input "
              "binding, portable kernels, the rest: interpreter loop, delegate output copies, output "
              "copies); executor glue = `execute` outside the native, operator and host steps; `Runtime.run` binding = "
-             "Python/ctypes around the library calls. xnn_setup / xnn_invoke = time inside XNNPACK's setup and run "
+             "the glue (C or Python/ctypes) around the library calls. xnn_setup / xnn_invoke = time inside XNNPACK's setup and run "
              "calls of runtimes and operators (the NCHW <-> NHWC channel shuffles run on XNNPACK's operator API and "
              "count as XNNPACK). outside XNNPACK = (execute - setup - invoke) / execute, median (min) of the per-run "
-             "shares, from a lean pass that times only the library calls (no op timing); `full probe` = the same "
+             "shares, from a lean pass that times only the library calls (no other wrapper); `full probe` = the same "
              "share under all the wrappers above. `bare` = median of a loop of only the invoke / run-operator calls "
              "on the buffers the executor last set up (it re-runs setup only when a pointer changes), interleaved "
              "with `method.execute`: outside (bare) = 1 - bare / execute.")
@@ -994,9 +1037,14 @@ def hot_spots(results: list[dict[str, Any]], candidate: dict[str, tuple[float, f
                  f"{p.get('outside_share_full_probe', float('nan')) * 100:.1f}% under the full probe; "
                  f"bare-loop estimate {(1 - p['bare_ms'] / p['bare_execute_ms']) * 100:.1f}%). Per run (full probe): "
                  f"input binding {c['bind inputs']:.3f} ms, the rest of the core runtime {core_rest:.3f} ms, "
-                 f"executor glue {glue:.3f} ms, Python/ctypes around the library calls {binding:.3f} ms, "
-                 f"`xnn_setup_runtime` {c['xnn_setup']:.3f} ms (run only when a bound pointer changes). What remains "
-                 "is Python around the delegate call, which runs with cold caches after ~4 ms of XNNPACK work (and "
+                 f"executor glue {glue:.3f} ms, "
+                 + ("the C glue" if p.get("glue") == "c" else "Python/ctypes")
+                 + f" around the library calls {binding:.3f} ms, "
+                 f"`xnn_setup_runtime` {c['xnn_setup']:.3f} ms (run only when a bound pointer changes). "
+                 + ("The executor binds and invokes through the C glue `edgeport_xnnpack._glue` (one C call per "
+                    "step, and no per-step Python for a delegate whose steps all run in XNNPACK); what remains "
+                    if p.get("glue") == "c" else "What remains ")
+                 + "is Python around the delegate call, which runs with cold caches after ~4 ms of XNNPACK work (and "
                  "next to the pool's spinning worker), so it costs several times what it costs in a warm loop.")
     # 4. the encoder
     r = by.get("encoder")

@@ -1,12 +1,19 @@
 """Running what :mod:`edgeport_xnnpack.native` builds: ``xnn_runtime_t`` (:class:`Runtime`) and the channel-shuffle
 operator (:class:`ChannelShuffle`), with checked, cached external-buffer bindings. Torch-free; import them from
 ``edgeport_xnnpack.native``.
+
+The per-call work (check and bind the buffers, set up when a pointer changed, invoke) runs in the C extension
+``edgeport_xnnpack._glue`` when it was built (``pip install`` compiles it; it needs a C compiler), else in the
+equivalent Python :class:`_Bindings`. Both refuse the same inputs; the C path costs a few microseconds per call
+instead of tens right after XNNPACK has run with the interpreter's caches cold. :func:`glue_status` tells which
+path runs; ``EDGEPORT_XNNPACK_GLUE=python`` forces the Python one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import os
 import weakref
 from collections.abc import Sequence
 from ctypes import c_void_p
@@ -26,6 +33,30 @@ from edgeport_xnnpack.native import (
     _u32,
     library,
 )
+
+try:
+    from edgeport_xnnpack import _glue
+except ImportError as _exc:  # not compiled (no C compiler at install): the Python path runs
+    _glue = None
+    _GLUE_WHY = f"the C extension edgeport_xnnpack._glue is not built ({_exc}); reinstall with a C compiler"
+else:
+    _GLUE_WHY = ""
+if _glue is not None and os.environ.get("EDGEPORT_XNNPACK_GLUE", "").lower() == "python":
+    _glue = None
+    _GLUE_WHY = "EDGEPORT_XNNPACK_GLUE=python"
+
+
+def glue_status() -> tuple[str, str]:
+    """``("c", "")`` when the C glue binds and invokes, else ``("python", why)``."""
+    return ("c", "") if _glue is not None else ("python", _GLUE_WHY)
+
+
+def _fn_address(fn: Any) -> int:
+    return ctypes.cast(fn, c_void_p).value or 0
+
+
+def _raise_status(call: str, status: int) -> None:
+    library().check(status, call)
 
 
 def _near_page_end(end: int) -> bool:
@@ -176,8 +207,17 @@ class Runtime:
             self._ext[i].id = vid
         self._bindings = _Bindings(self.order, [self.nbytes(v) for v in self.order],
                                    [bool(self.externals[v][2] & FLAG_EXTERNAL_OUTPUT) for v in self.order])
-        self.setups = 0  # how many times xnn_setup_runtime ran (diagnostics)
+        self._setups = 0
         self._xnn = self.lib.xnn
+        self.glue = None if _glue is None else _glue.Binding(
+            _glue.KIND_RUNTIME, self.handle, _fn_address(self._xnn.xnn_setup_runtime),
+            _fn_address(self._xnn.xnn_invoke_runtime), self.order, self._bindings.nbytes, self._bindings.outputs,
+            EXTRA_BYTES, _PAGE, _raise_status)
+
+    @property
+    def setups(self) -> int:
+        """How many times ``xnn_setup_runtime`` ran (diagnostics)."""
+        return self.glue.setups if self.glue is not None else self._setups
 
     def pin(self, buffers: dict[int, np.ndarray]) -> None:
         """Check once arrays that :meth:`run_list` will get for these external ids on every call (see
@@ -187,8 +227,10 @@ class Runtime:
 
     @property
     def _scratch(self) -> dict[int, np.ndarray]:
-        """Inputs currently staged in padded copies (value id -> staging buffer)."""
+        """Inputs currently staged in padded copies (value id -> staging buffer; ``None`` for the C glue's own)."""
         b = self._bindings
+        if self.glue is not None:
+            return {b.names[i]: None for i in self.glue.staged}
         return {vid: st for vid, st in zip(b.names, b.stage, strict=True) if st is not None}
 
     def nbytes(self, vid: int) -> int:
@@ -209,6 +251,13 @@ class Runtime:
         handle = self.handle
         if not handle:
             raise XnnpackError("the runtime was deleted")
+        c = self.glue
+        if c is not None:
+            try:
+                c.run(arrays)
+            except ValueError as exc:
+                raise XnnpackError(str(exc)) from None
+            return
         b = self._bindings
         if b.bind(arrays):
             b.valid = False
@@ -216,12 +265,15 @@ class Runtime:
                 self._ext[i].data = ptr
             self.lib.check(self.lib.xnn.xnn_setup_runtime(handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
             b.valid = True
-            self.setups += 1
+            self._setups += 1
         status = self._xnn.xnn_invoke_runtime(handle)
         if status:
             self.lib.check(status, "xnn_invoke_runtime")
 
     def close(self) -> None:
+        c = getattr(self, "glue", None)
+        if c is not None:
+            c.close()  # raises if a call is running in another thread
         if self.handle:
             self.lib.xnn.xnn_delete_runtime(self.handle)
         self.handle = None
@@ -259,9 +311,18 @@ class ChannelShuffle:
                        "xnn_create_channel_shuffle_nc_x32")
         self.handle: int | None = h.value
         self._bindings = _Bindings(["input", "output"], [batch * c * 4] * 2, [False, True])
-        self.setups = 0
+        self._setups = 0
         self._xnn = self.lib.xnn
         self._pool_handle = pool.handle if pool else None
+        self.glue = None if _glue is None else _glue.Binding(
+            _glue.KIND_SHUFFLE, self.handle, _fn_address(self._xnn.xnn_setup_channel_shuffle_nc_x32),
+            _fn_address(self._xnn.xnn_run_operator), [0, 1], self._bindings.nbytes, self._bindings.outputs,
+            EXTRA_BYTES, _PAGE, _raise_status, self._pool_handle, batch)
+
+    @property
+    def setups(self) -> int:
+        """How many times the operator was set up (diagnostics)."""
+        return self.glue.setups if self.glue is not None else self._setups
 
     def pin(self, src: np.ndarray | None = None, dst: np.ndarray | None = None) -> None:
         """Check once the input / output array that every later :meth:`run` binds (see ``_Bindings.pin``)."""
@@ -274,6 +335,13 @@ class ChannelShuffle:
         handle = self.handle
         if not handle:
             raise XnnpackError("the channel shuffle operator was deleted")
+        c = self.glue
+        if c is not None:
+            try:
+                c.run((src, dst))
+            except ValueError as exc:
+                raise XnnpackError(str(exc)) from None
+            return
         b = self._bindings
         changed = b.bind((src, dst))
         if src.itemsize != 4 or dst.itemsize != 4:
@@ -287,12 +355,15 @@ class ChannelShuffle:
                                                                          self._pool_handle),
                            "xnn_setup_channel_shuffle_nc_x32")
             b.valid = True
-            self.setups += 1
+            self._setups += 1
         status = self._xnn.xnn_run_operator(handle, self._pool_handle)
         if status:
             self.lib.check(status, "xnn_run_operator")
 
     def close(self) -> None:
+        c = getattr(self, "glue", None)
+        if c is not None:
+            c.close()
         if self.handle:
             self.lib.xnn.xnn_delete_operator(self.handle)
         self.handle = None

@@ -40,6 +40,7 @@ __all__ = [
     "ThreadPool",
     "shared_pools",
     "XnnpackError",
+    "glue_status",
     "is_available",
     "library",
     "padded_empty",
@@ -472,4 +473,4 @@ class Subgraph:
 
 
 # Runtimes and operators (binding, setup caching) live in _native_run; re-exported here.
-from edgeport_xnnpack._native_run import ChannelShuffle, Runtime, padded_empty  # noqa: E402
+from edgeport_xnnpack._native_run import ChannelShuffle, Runtime, glue_status, padded_empty  # noqa: E402

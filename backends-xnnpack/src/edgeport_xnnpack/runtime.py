@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,11 +26,13 @@ from edgeport_xnnpack import native
 from edgeport_xnnpack._constants import NP_DTYPES as _NP
 from edgeport_xnnpack._constants import NamedData, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
+from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._plan import is_view, place, schedule
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
+from edgeport_xnnpack._steps import XnnpackHandle, _Host, _Native, _Shuffle
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.schema.graph import (
@@ -52,64 +53,6 @@ _WEIGHT_KINDS = ("XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNFu
 
 def _fail(msg: str) -> ProgramError:
     return ProgramError(f"{BACKEND_ID} blob: {msg}")
-
-
-@dataclass
-class _Native:
-    """A native XNNPACK runtime; ``vids`` = the blob value bound to each of its external ids, in order."""
-
-    runtime: native.Runtime
-    vids: list[int]
-    label: str
-
-    def run(self, env: dict[int, np.ndarray]) -> None:
-        self.runtime.run_list(list(map(env.__getitem__, self.vids)))
-
-    def close(self) -> None:
-        self.runtime.close()
-
-
-@dataclass
-class _Host:
-    """A numpy host segment (see :class:`~edgeport_xnnpack._host.HostSegment`)."""
-
-    segment: HostSegment
-    label: str
-
-    def run(self, env: dict[int, np.ndarray]) -> None:
-        self.segment.run(env)
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class _Shuffle:
-    """A 2-D transpose run by XNNPACK's channel-shuffle operator."""
-
-    op: native.ChannelShuffle
-    src: int
-    dst: int
-    label: str
-
-    def run(self, env: dict[int, np.ndarray]) -> None:
-        self.op.run(env[self.src], env[self.dst])
-
-    def close(self) -> None:
-        self.op.close()
-
-
-@dataclass
-class XnnpackHandle:
-    """What ``init`` returns."""
-
-    inputs: list[tuple[int, tuple[int, ...]]]   # (value id, dims) in call order
-    outputs: list[tuple[int, tuple[int, ...]]]
-    steps: list[_Native | _Host | _Shuffle]
-    buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
-    pool: native.ThreadPool | None
-    summary: dict[str, int] = field(default_factory=dict)
-    alive: bool = True
 
 
 _MAX_ELEMENTS = 1 << 31
@@ -397,8 +340,8 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     summary = {"native_steps": sum(isinstance(s, _Native) for s in steps),
                "host_steps": sum(isinstance(s, _Host) for s in steps),
                "operator_steps": sum(isinstance(s, _Shuffle) for s in steps), "nodes": len(graph.nodes)}
-    return XnnpackHandle([(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs],
-                         steps, buffers, pool, summary)
+    ins, outs = [(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs]
+    return XnnpackHandle(ins, outs, steps, buffers, pool, summary, direct=direct_call(ins, outs, steps, buffers))
 
 
 class XnnpackExecutor(RuntimeExecutor):
@@ -427,6 +370,14 @@ class XnnpackExecutor(RuntimeExecutor):
         if len(inputs) != len(handle.inputs):
             raise RuntimeExecutionError(f"{BACKEND_ID}: expected {len(handle.inputs)} inputs, got {len(inputs)}")
         outputs = handle.outputs
+        direct = handle.direct
+        if direct is not None and type(out) is list:
+            with self._lock:
+                try:
+                    direct(inputs, out)
+                    return out
+                except (ValueError, native.XnnpackError):
+                    pass  # the general path below converts what it can, or raises the precise error
         if type(out) is list and len(out) == len(outputs):  # the runtime's call: check its arrays inline
             results = out
             k = 0

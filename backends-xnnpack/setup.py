@@ -1,0 +1,12 @@
+"""Builds the optional C glue (``edgeport_xnnpack._glue``: per-call binding and invocation of XNNPACK runtimes).
+
+It links against nothing but libc (the library functions are passed in as addresses from ctypes). When no C
+compiler is available the build is skipped and the executor uses the equivalent pure-Python path
+(``edgeport_xnnpack.native.glue_status()`` tells which one runs).
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_glue.c"], optional=True,
+                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                                 "-Wno-missing-field-initializers"])])

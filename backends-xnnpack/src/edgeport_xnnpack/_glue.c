@@ -1,0 +1,491 @@
+/* edgeport_xnnpack._glue: the per-call work around one XNNPACK runtime or channel-shuffle operator, in C.
+ *
+ * ``Binding.run(arrays)`` takes one buffer per external value, checks each (C-contiguous, exact byte size,
+ * writable for outputs), stages an input whose last EXTRA bytes would cross into the next page in a padded
+ * copy (XNNPACK may read, never write, that far past an input), re-runs XNNPACK's setup only when a pointer
+ * changed, and invokes with the GIL released.  The buffers stay exported (locked against resizing) for the
+ * duration of the call and are released before it returns; no reference to them is kept.
+ *
+ * The library functions are passed in as addresses (from the ctypes handles edgeport_xnnpack.native opened),
+ * so this module links against nothing but libc.  Status codes are turned into exceptions by the ``check``
+ * callable the caller supplies (``check(call_name, status)`` raises).  The pure-Python path in
+ * ``edgeport_xnnpack._native_run`` does the same work when this extension is not built.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    uint32_t id;
+    void *data;
+} external_value; /* struct xnn_external_value */
+
+typedef int (*setup_runtime_fn)(void *, size_t, const external_value *);
+typedef int (*invoke_runtime_fn)(void *);
+typedef int (*setup_shuffle_fn)(void *, size_t, const void *, void *, void *);
+typedef int (*run_operator_fn)(void *, void *);
+
+enum { KIND_RUNTIME = 0, KIND_SHUFFLE = 1 };
+#define MAX_SLOTS 4096
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    void *handle; /* xnn_runtime_t or xnn_operator_t; NULL once closed */
+    void *setup_fn;
+    void *run_fn;
+    void *pool;
+    size_t batch;
+    Py_ssize_t n;
+    external_value *ext;
+    Py_ssize_t *nbytes;
+    char *is_output;
+    void **stage; /* padded staging copies of inputs near a page end (malloc'd on demand) */
+    Py_buffer *views;
+    char *fmt;        /* per slot: expected struct format character (e.g. 'f'), 0 = bytes only */
+    Py_ssize_t *ndim; /* per slot: expected rank when fmt is set */
+    Py_ssize_t **shape; /* per slot: expected dims when fmt is set */
+    size_t extra;
+    size_t page;
+    int valid; /* the last setup succeeded with the pointers in ext */
+    int busy;  /* a call is in progress (possibly in another thread, the GIL released) */
+    long long setups;
+    long long setup_ns; /* wall time inside the library's setup calls, summed */
+    long long run_ns;   /* wall time inside the library's invoke / run calls, summed */
+    PyObject *check;
+} Binding;
+
+static void binding_free_memory(Binding *self) {
+    if (self->stage) {
+        for (Py_ssize_t i = 0; i < self->n; i++) free(self->stage[i]);
+    }
+    if (self->shape) {
+        for (Py_ssize_t i = 0; i < self->n; i++) PyMem_Free(self->shape[i]);
+    }
+    PyMem_Free(self->fmt);
+    PyMem_Free(self->ndim);
+    PyMem_Free(self->shape);
+    self->fmt = NULL;
+    self->ndim = NULL;
+    self->shape = NULL;
+    PyMem_Free(self->ext);
+    PyMem_Free(self->nbytes);
+    PyMem_Free(self->is_output);
+    PyMem_Free(self->stage);
+    PyMem_Free(self->views);
+    self->ext = NULL;
+    self->nbytes = NULL;
+    self->is_output = NULL;
+    self->stage = NULL;
+    self->views = NULL;
+}
+
+static void Binding_dealloc(Binding *self) {
+    binding_free_memory(self);
+    Py_XDECREF(self->check);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static void *as_pointer(PyObject *o, const char *what) {
+    if (o == Py_None) return NULL;
+    void *p = PyLong_AsVoidPtr(o);
+    if (p == NULL && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "%s must be an address (int)", what);
+        return NULL;
+    }
+    return p;
+}
+
+/* ``expect(slot, format_char, dims)``: from now on the buffer at ``slot`` must also have this struct format
+ * (e.g. "f" for float32; byte-order prefixes '<', '=', '@' accepted) and these dims. */
+static PyObject *Binding_expect(Binding *self, PyObject *args) {
+    Py_ssize_t i;
+    PyObject *fmt, *dims;
+    if (self->ext == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Binding is not initialized");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "nUO", &i, &fmt, &dims)) return NULL;
+    if (i < 0 || i >= self->n || PyUnicode_GetLength(fmt) != 1) {
+        PyErr_SetString(PyExc_ValueError, "expect(slot, format character, dims): bad slot or format");
+        return NULL;
+    }
+    Py_UCS4 c = PyUnicode_ReadChar(fmt, 0);
+    PyObject *d = PySequence_Fast(dims, "dims must be a sequence");
+    if (d == NULL) return NULL;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(d);
+    if (c == 0 || c > 127 || nd > 64) {
+        Py_DECREF(d);
+        PyErr_SetString(PyExc_ValueError, "expect: bad format character or rank");
+        return NULL;
+    }
+    Py_ssize_t *shape = PyMem_Calloc((size_t)(nd ? nd : 1), sizeof(Py_ssize_t));
+    if (shape == NULL) {
+        Py_DECREF(d);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < nd; k++) {
+        shape[k] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(d, k));
+        if (shape[k] == -1 && PyErr_Occurred()) {
+            Py_DECREF(d);
+            PyMem_Free(shape);
+            return NULL;
+        }
+    }
+    Py_DECREF(d);
+    PyMem_Free(self->shape[i]);
+    self->shape[i] = shape;
+    self->fmt[i] = (char)c;
+    self->ndim[i] = nd;
+    Py_RETURN_NONE;
+}
+
+/* Whether view ``v`` has slot ``i``'s expected format and dims (always true without an expectation). */
+static int matches_expect(Binding *self, Py_ssize_t i, const Py_buffer *v) {
+    if (!self->fmt[i]) return 1;
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (f[0] != self->fmt[i] || f[1] != 0 || v->ndim != self->ndim[i]) return 0;
+    for (Py_ssize_t k = 0; k < v->ndim; k++)
+        if (v->shape[k] != self->shape[i][k]) return 0;
+    return 1;
+}
+
+static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"kind", "handle", "setup", "run", "ids", "nbytes", "outputs", "extra", "page",
+                             "check", "pool", "batch", NULL};
+    int kind;
+    PyObject *handle, *setup, *run, *ids, *nbytes, *outputs, *check, *pool = Py_None;
+    Py_ssize_t extra, page, batch = 0;
+    if (self->ext != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Binding is already initialized");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOnnO|On", kwlist, &kind, &handle, &setup, &run, &ids,
+                                     &nbytes, &outputs, &extra, &page, &check, &pool, &batch))
+        return -1;
+    if (kind != KIND_RUNTIME && kind != KIND_SHUFFLE) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 0 (runtime) or 1 (channel shuffle)");
+        return -1;
+    }
+    if (!PyCallable_Check(check)) {
+        PyErr_SetString(PyExc_TypeError, "check must be callable");
+        return -1;
+    }
+    if (extra < 0 || page <= 0 || batch < 0) {
+        PyErr_SetString(PyExc_ValueError, "extra, batch must be >= 0 and page > 0");
+        return -1;
+    }
+    self->handle = as_pointer(handle, "handle");
+    self->setup_fn = as_pointer(setup, "setup");
+    self->run_fn = as_pointer(run, "run");
+    self->pool = as_pointer(pool, "pool");
+    if (PyErr_Occurred()) return -1;
+    if (!self->handle || !self->setup_fn || !self->run_fn) {
+        PyErr_SetString(PyExc_ValueError, "handle, setup and run must be non-null addresses");
+        return -1;
+    }
+    PyObject *ids_f = PySequence_Fast(ids, "ids must be a sequence");
+    PyObject *nb_f = ids_f ? PySequence_Fast(nbytes, "nbytes must be a sequence") : NULL;
+    PyObject *out_f = nb_f ? PySequence_Fast(outputs, "outputs must be a sequence") : NULL;
+    int ok = 0;
+    if (!out_f) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids_f);
+    if (PySequence_Fast_GET_SIZE(nb_f) != n || PySequence_Fast_GET_SIZE(out_f) != n) {
+        PyErr_SetString(PyExc_ValueError, "ids, nbytes and outputs must have the same length");
+        goto done;
+    }
+    if (n < 1 || n > MAX_SLOTS || (kind == KIND_SHUFFLE && n != 2)) {
+        PyErr_Format(PyExc_ValueError, "bad number of external values: %zd", n);
+        goto done;
+    }
+    self->kind = kind;
+    self->n = n;
+    self->batch = (size_t)batch;
+    self->extra = (size_t)extra;
+    self->page = (size_t)page;
+    self->ext = PyMem_Calloc((size_t)n, sizeof(external_value));
+    self->nbytes = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    self->is_output = PyMem_Calloc((size_t)n, 1);
+    self->stage = PyMem_Calloc((size_t)n, sizeof(void *));
+    self->views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    self->fmt = PyMem_Calloc((size_t)n, 1);
+    self->ndim = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    self->shape = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t *));
+    if (!self->ext || !self->nbytes || !self->is_output || !self->stage || !self->views || !self->fmt ||
+        !self->ndim || !self->shape) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long id = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(ids_f, i));
+        Py_ssize_t nb = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(nb_f, i));
+        int o = PyObject_IsTrue(PySequence_Fast_GET_ITEM(out_f, i));
+        if (PyErr_Occurred() || o < 0) goto done;
+        if (id > 0xFFFFFFFFUL || nb < 0) {
+            PyErr_Format(PyExc_ValueError, "external value %zd: bad id or byte size", i);
+            goto done;
+        }
+        self->ext[i].id = (uint32_t)id;
+        self->nbytes[i] = nb;
+        self->is_output[i] = (char)o;
+    }
+    Py_INCREF(check);
+    self->check = check;
+    ok = 1;
+done:
+    Py_XDECREF(ids_f);
+    Py_XDECREF(nb_f);
+    Py_XDECREF(out_f);
+    if (!ok) binding_free_memory(self);
+    return ok ? 0 : -1;
+}
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int near_page_end(const char *p, size_t nbytes, size_t extra, size_t page) {
+    uintptr_t end = (uintptr_t)p + nbytes; /* exclusive */
+    return (end - 1) / page != (end - 1 + extra) / page;
+}
+
+/* Raise ValueError saying why buffer ``obj`` cannot be bound at slot ``i`` (the Python path's wording). */
+static void bad_buffer(Binding *self, Py_ssize_t i, PyObject *obj) {
+    char name[32];
+    if (self->kind == KIND_SHUFFLE)
+        snprintf(name, sizeof name, "%s", i == 0 ? "input" : "output");
+    else
+        snprintf(name, sizeof name, "%u", (unsigned)self->ext[i].id);
+    Py_buffer probe;
+    if (PyObject_GetBuffer(obj, &probe, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "external value %s needs a C-contiguous array of %zd bytes, got %s", name,
+                     self->nbytes[i], Py_TYPE(obj)->tp_name);
+        return;
+    }
+    Py_ssize_t len = probe.len, itemsize = probe.itemsize;
+    int expected = matches_expect(self, i, &probe);
+    PyBuffer_Release(&probe);
+    if (!expected)
+        PyErr_Format(PyExc_ValueError, "external value %s does not have the expected dtype '%c' and shape", name,
+                     self->fmt[i]);
+    else if (len != self->nbytes[i])
+        PyErr_Format(PyExc_ValueError, "external value %s needs a C-contiguous array of %zd bytes, got %zd", name,
+                     self->nbytes[i], len);
+    else if (self->kind == KIND_SHUFFLE && itemsize != 4)
+        PyErr_SetString(PyExc_ValueError, "channel shuffle moves 32-bit elements");
+    else
+        PyErr_Format(PyExc_ValueError, "external output %s is read-only", name);
+}
+
+static int raise_status(Binding *self, const char *call, int status) {
+    PyObject *r = PyObject_CallFunction(self->check, "si", call, status);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    PyErr_Format(PyExc_RuntimeError, "%s failed with status %d", call, status);
+    return -1;
+}
+
+static PyObject *Binding_run(Binding *self, PyObject *arrays) {
+    if (self->ext == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Binding is not initialized");
+        return NULL;
+    }
+    if (self->handle == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the runtime or operator was deleted");
+        return NULL;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "this XNNPACK runtime is already running (calls must not overlap)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = self->n, got = 0;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "expected %zd buffers, got %zd", n, PySequence_Fast_GET_SIZE(seq));
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int changed = !self->valid, failed = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++, got++) {
+        Py_buffer *v = &self->views[i];
+        int flags = PyBUF_C_CONTIGUOUS | (self->is_output[i] ? PyBUF_WRITABLE : 0) | (self->fmt[i] ? PyBUF_FORMAT : 0);
+        if (PyObject_GetBuffer(items[i], v, flags) != 0) {
+            PyErr_Clear();
+            bad_buffer(self, i, items[i]);
+            failed = 1;
+            break;
+        }
+        if (v->len != self->nbytes[i] || (self->kind == KIND_SHUFFLE && v->itemsize != 4) ||
+            !matches_expect(self, i, v)) {
+            PyBuffer_Release(v);
+            bad_buffer(self, i, items[i]);
+            failed = 1;
+            break;
+        }
+        void *ptr = v->buf;
+        if (!self->is_output[i] && v->len > 0 && near_page_end(v->buf, (size_t)v->len, self->extra, self->page)) {
+            if (self->stage[i] == NULL) {
+                self->stage[i] = malloc((size_t)v->len + self->extra);
+                if (self->stage[i] == NULL) {
+                    PyBuffer_Release(v);
+                    PyErr_NoMemory();
+                    failed = 1;
+                    break;
+                }
+            }
+            memcpy(self->stage[i], v->buf, (size_t)v->len);
+            ptr = self->stage[i];
+        }
+        if (ptr != self->ext[i].data) {
+            self->ext[i].data = ptr;
+            changed = 1;
+        }
+    }
+    int status = 0;
+    const char *call = NULL;
+    if (!failed && changed && self->kind == KIND_SHUFFLE) {
+        const char *a = self->views[0].buf, *b = self->views[1].buf;
+        if (a < b + self->views[1].len && b < a + self->views[0].len && self->views[0].len) {
+            PyErr_SetString(PyExc_ValueError, "channel shuffle input and output overlap");
+            failed = 1;
+        }
+    }
+    if (!failed) {
+        self->busy = 1;
+        if (changed) {
+            self->valid = 0;
+            call = self->kind == KIND_RUNTIME ? "xnn_setup_runtime" : "xnn_setup_channel_shuffle_nc_x32";
+            long long t0 = now_ns();
+            if (self->kind == KIND_RUNTIME)
+                status = ((setup_runtime_fn)self->setup_fn)(self->handle, (size_t)n, self->ext);
+            else
+                status = ((setup_shuffle_fn)self->setup_fn)(self->handle, self->batch, self->ext[0].data,
+                                                             self->ext[1].data, self->pool);
+            self->setup_ns += now_ns() - t0;
+            if (status == 0) {
+                self->valid = 1;
+                self->setups++;
+            }
+        }
+        if (status == 0) {
+            void *h = self->handle, *fn = self->run_fn, *pool = self->pool;
+            int kind = self->kind;
+            call = kind == KIND_RUNTIME ? "xnn_invoke_runtime" : "xnn_run_operator";
+            long long t0 = 0, t1 = 0;
+            Py_BEGIN_ALLOW_THREADS
+            t0 = now_ns();
+            status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
+            t1 = now_ns();
+            Py_END_ALLOW_THREADS
+            self->run_ns += t1 - t0;
+        }
+        self->busy = 0;
+    }
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&self->views[i]);
+    if (failed) self->valid = 0;
+    Py_DECREF(seq);
+    if (failed) return NULL;
+    if (status != 0) {
+        raise_status(self, call, status);
+        return NULL;
+    }
+    if (changed) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *Binding_close(Binding *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot close an XNNPACK runtime while it runs");
+        return NULL;
+    }
+    self->handle = NULL;
+    self->valid = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Binding_get_setups(Binding *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLongLong(self->setups);
+}
+
+static PyObject *Binding_get_setup_ns(Binding *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLongLong(self->setup_ns);
+}
+
+static PyObject *Binding_get_run_ns(Binding *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLongLong(self->run_ns);
+}
+
+static PyObject *Binding_get_staged(Binding *self, void *Py_UNUSED(closure)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL || self->stage == NULL) return out;
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        if (self->stage[i] != NULL) {
+            PyObject *k = PyLong_FromSsize_t(i);
+            if (k == NULL || PyList_Append(out, k) != 0) {
+                Py_XDECREF(k);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(k);
+        }
+    }
+    return out;
+}
+
+static PyMethodDef Binding_methods[] = {
+    {"run", (PyCFunction)Binding_run, METH_O,
+     "run(arrays) -> bool: bind one buffer per external value, set up if a pointer changed (returned), run."},
+    {"expect", (PyCFunction)Binding_expect, METH_VARARGS,
+     "expect(slot, format_char, dims): also require this struct format and these dims at slot."},
+    {"close", (PyCFunction)Binding_close, METH_NOARGS,
+     "Forget the handle (call before deleting the runtime or operator)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Binding_getset[] = {
+    {"setups", (getter)Binding_get_setups, NULL, "how many times setup ran", NULL},
+    {"setup_ns", (getter)Binding_get_setup_ns, NULL, "nanoseconds spent inside the library's setup calls", NULL},
+    {"run_ns", (getter)Binding_get_run_ns, NULL, "nanoseconds spent inside the library's invoke / run calls", NULL},
+    {"staged", (getter)Binding_get_staged, NULL, "slots whose inputs were staged in padded copies", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject BindingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "edgeport_xnnpack._glue.Binding",
+    .tp_basicsize = sizeof(Binding),
+    .tp_dealloc = (destructor)Binding_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Checked external-buffer binding, setup caching and invocation of one XNNPACK runtime/operator.",
+    .tp_methods = Binding_methods,
+    .tp_getset = Binding_getset,
+    .tp_init = (initproc)Binding_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef glue_module = {PyModuleDef_HEAD_INIT, "_glue",
+                                         "Per-call glue around XNNPACK runtimes and operators.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__glue(void) {
+    if (PyType_Ready(&BindingType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&glue_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&BindingType);
+    if (PyModule_AddObject(m, "Binding", (PyObject *)&BindingType) < 0) {
+        Py_DECREF(&BindingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "KIND_RUNTIME", KIND_RUNTIME) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_SHUFFLE", KIND_SHUFFLE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

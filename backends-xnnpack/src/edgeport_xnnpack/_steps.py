@@ -1,0 +1,85 @@
+"""The planned steps of an XNNPACK delegate and the handle ``XnnpackExecutor.init`` returns (see
+:mod:`edgeport_xnnpack.runtime`): a native runtime, a numpy host segment, or a channel-shuffle operator; each
+runs on the value environment of one call, and those that run inside XNNPACK through the C glue expose their
+binding for the direct call (:mod:`edgeport_xnnpack._direct`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeport_xnnpack import native
+from edgeport_xnnpack._direct import DirectCall
+from edgeport_xnnpack._host import HostSegment
+
+__all__ = ["XnnpackHandle", "_Host", "_Native", "_Shuffle"]
+
+
+@dataclass
+class _Native:
+    """A native XNNPACK runtime; ``vids`` = the blob value bound to each of its external ids, in order."""
+
+    runtime: native.Runtime
+    vids: list[int]
+    label: str
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        self.runtime.run_list(list(map(env.__getitem__, self.vids)))
+
+    def glue(self) -> tuple[Any, list[int]] | None:
+        return None if self.runtime.glue is None else (self.runtime.glue, self.vids)
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+@dataclass
+class _Host:
+    """A numpy host segment (see :class:`~edgeport_xnnpack._host.HostSegment`)."""
+
+    segment: HostSegment
+    label: str
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        self.segment.run(env)
+
+    def glue(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Shuffle:
+    """A 2-D transpose run by XNNPACK's channel-shuffle operator."""
+
+    op: native.ChannelShuffle
+    src: int
+    dst: int
+    label: str
+
+    def run(self, env: dict[int, np.ndarray]) -> None:
+        self.op.run(env[self.src], env[self.dst])
+
+    def glue(self) -> tuple[Any, list[int]] | None:
+        return None if self.op.glue is None else (self.op.glue, [self.src, self.dst])
+
+    def close(self) -> None:
+        self.op.close()
+
+
+@dataclass
+class XnnpackHandle:
+    """What ``init`` returns."""
+
+    inputs: list[tuple[int, tuple[int, ...]]]   # (value id, dims) in call order
+    outputs: list[tuple[int, tuple[int, ...]]]
+    steps: list[_Native | _Host | _Shuffle]
+    buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
+    pool: native.ThreadPool | None
+    summary: dict[str, int] = field(default_factory=dict)
+    alive: bool = True
+    direct: DirectCall | None = None  # every step in XNNPACK through the C glue (see edgeport_xnnpack._direct)
