@@ -7,14 +7,16 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
 # System libraries of the XNNPACK backend (Debian packages; root, or sudo when available).
-need_apt=0
+# A C compiler builds the backend's small C extension (edgeport_xnnpack._glue; optional, but the tests expect it).
+apt_pkgs=""
 for pkg in libxnnpack0 libpthreadpool0; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt=1
+  dpkg -s "$pkg" >/dev/null 2>&1 || apt_pkgs="$apt_pkgs $pkg"
 done
-if [ "$need_apt" = 1 ]; then
+command -v gcc >/dev/null 2>&1 || apt_pkgs="$apt_pkgs gcc"
+if [ -n "$apt_pkgs" ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q libxnnpack0 libpthreadpool0
+  $SUDO apt-get install -y -q $apt_pkgs
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
