@@ -1,0 +1,61 @@
+"""The interleaved timing loop, worker-thread spinning after a call, and the output error measure."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], reps: int, gap_s: float, warmup: int = 5,
+                budget_s: float = 0.0, min_reps: int = 20, calls: int = 2) -> dict[str, list[list[float]]]:
+    """Seconds per call: ``times[name][j]`` lists the ``j``-th of ``calls`` back-to-back calls of each repetition.
+
+    Every repetition visits each function once, in an order rotated per repetition: sleep ``gap_s``, then call it
+    ``calls`` times in a row. Call 0 is the first call after the idle gap ("cold": the worker threads have
+    parked); call 1 follows it at once ("warm": steady state, as in a loop). With ``budget_s``, stops after
+    ``min_reps`` repetitions once the loop has run that long."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    times: dict[str, list[list[float]]] = {n: [[] for _ in range(calls)] for n in names}
+    clock = time.perf_counter
+    start = clock()
+    for r in range(reps):
+        if budget_s and r >= min_reps and clock() - start > budget_s:
+            break
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            if gap_s:
+                time.sleep(gap_s)
+            fn, out = fns[n], times[n]
+            for j in range(calls):
+                t = clock()
+                fn()
+                out[j].append(clock() - t)
+    return times
+
+
+def spin_after(fn: Callable[[], Any], window_s: float = 0.1, tries: int = 5) -> float:
+    """CPU ms this process burns while its main thread sleeps ``window_s`` right after ``fn()`` returns: worker
+    threads spinning after the run (median of ``tries``)."""
+    res = []
+    for _ in range(tries):
+        fn()
+        c0 = time.process_time()
+        time.sleep(window_s)
+        res.append(time.process_time() - c0)
+    return statistics.median(res) * 1e3
+
+
+def rel_err(a: Any, ref: Any) -> float:
+    """max |a - ref| / max |ref| (inf when the shapes differ)."""
+    import numpy as np
+
+    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    if a.shape != ref.shape:
+        return float("inf")
+    scale = float(np.abs(ref).max()) or 1.0
+    return float(np.abs(a - ref).max()) / scale
