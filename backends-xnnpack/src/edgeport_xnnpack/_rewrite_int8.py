@@ -9,7 +9,7 @@ connected over ``[..., K]`` is a 1x1 convolution over the NHWC view ``[M, 1, 1, 
     XNNConv2d         1x1, groups 1, filter [N, 1, 1, K] (qcint8, channel_dim 0), the same qcint32 bias
     XNNStaticReshape  [M, 1, 1, N]      -> y [..., N]
 
-which is what edgeport's own preprocess emits for a quantized linear (``preprocess/quantized.py``). The filter
+which is what edgeport's own preprocess emits for a quantized linear (``preprocess/static_int8_emitters.py``). The filter
 is the same int8 data viewed as ``[N, 1, 1, K]`` (transposed once if the node has the transposed-weights flag).
 
 Transposes of int8 values that only move size-1 dims (``[1, 1, 1, C] -> [1, C, 1, 1]`` before a classifier)
