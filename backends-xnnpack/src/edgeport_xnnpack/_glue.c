@@ -6,6 +6,12 @@
  * changed, and invokes with the GIL released.  The buffers stay exported (locked against resizing) for the
  * duration of the call and are released before it returns; no reference to them is kept.
  *
+ * A call marks the binding busy before anything that can run Python code (iterating ``arrays``, exporting a
+ * buffer) and until every buffer is released again, so another thread (or code run by the call itself) gets
+ * "already running" from ``run``, and ``close`` / ``expect`` refuse; nothing of a call in progress is touched.
+ * The channel-shuffle kind moves ``element_size``-byte elements (4: ``..._nc_x32``, 1: ``..._nc_x8``; the
+ * caller passes the matching setup function).
+ *
  * The library functions are passed in as addresses (from the ctypes handles edgeport_xnnpack.native opened),
  * so this module links against nothing but libc.  Status codes are turned into exceptions by the ``check``
  * callable the caller supplies (``check(call_name, status)`` raises).  The pure-Python path in
@@ -30,6 +36,7 @@ typedef int (*run_operator_fn)(void *, void *);
 
 enum { KIND_RUNTIME = 0, KIND_SHUFFLE = 1 };
 #define MAX_SLOTS 4096
+#define MAX_EXTRA (1 << 20) /* bytes XNNPACK may read past an input; keeps size and address sums far from overflow */
 
 typedef struct {
     PyObject_HEAD
@@ -39,6 +46,7 @@ typedef struct {
     void *run_fn;
     void *pool;
     size_t batch;
+    Py_ssize_t element_size; /* channel shuffle: bytes per element (1 or 4) */
     Py_ssize_t n;
     external_value *ext;
     Py_ssize_t *nbytes;
@@ -83,20 +91,45 @@ static void binding_free_memory(Binding *self) {
     self->views = NULL;
 }
 
+static int Binding_traverse(Binding *self, visitproc visit, void *arg) {
+    Py_VISIT(self->check);
+    return 0;
+}
+
+static int Binding_clear(Binding *self) {
+    Py_CLEAR(self->check);
+    return 0;
+}
+
 static void Binding_dealloc(Binding *self) {
+    PyObject_GC_UnTrack(self);
     binding_free_memory(self);
-    Py_XDECREF(self->check);
+    Py_CLEAR(self->check);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static void *as_pointer(PyObject *o, const char *what) {
-    if (o == Py_None) return NULL;
+/* ``*out`` = the address ``o`` (an int; None is NULL); returns -1 with TypeError set when it is not one. */
+static int as_pointer(PyObject *o, const char *what, void **out) {
+    *out = NULL;
+    if (o == Py_None) return 0;
     void *p = PyLong_AsVoidPtr(o);
     if (p == NULL && PyErr_Occurred()) {
         PyErr_Format(PyExc_TypeError, "%s must be an address (int)", what);
-        return NULL;
+        return -1;
     }
-    return p;
+    *out = p;
+    return 0;
+}
+
+/* A tuple of the items of ``o`` (a new reference), or NULL with TypeError(``message``): unlike
+ * ``PySequence_Fast``, which hands a list back as is, its items cannot change (nor be freed) while code run by
+ * the caller (``__bool__``, another thread) mutates the caller's list. */
+static PyObject *as_tuple(PyObject *o, const char *message) {
+    PyObject *seq = PySequence_Fast(o, message);
+    if (seq == NULL || !PyList_Check(seq)) return seq;
+    PyObject *t = PyList_AsTuple(seq);
+    Py_DECREF(seq);
+    return t;
 }
 
 /* ``expect(slot, format_char, dims)``: from now on the buffer at ``slot`` must also have this struct format
@@ -108,13 +141,17 @@ static PyObject *Binding_expect(Binding *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "Binding is not initialized");
         return NULL;
     }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot change the expectations of an XNNPACK runtime while it runs");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "nUO", &i, &fmt, &dims)) return NULL;
     if (i < 0 || i >= self->n || PyUnicode_GetLength(fmt) != 1) {
         PyErr_SetString(PyExc_ValueError, "expect(slot, format character, dims): bad slot or format");
         return NULL;
     }
     Py_UCS4 c = PyUnicode_ReadChar(fmt, 0);
-    PyObject *d = PySequence_Fast(dims, "dims must be a sequence");
+    PyObject *d = as_tuple(dims, "dims must be a sequence");
     if (d == NULL) return NULL;
     Py_ssize_t nd = PySequence_Fast_GET_SIZE(d);
     if (c == 0 || c > 127 || nd > 64) {
@@ -136,6 +173,11 @@ static PyObject *Binding_expect(Binding *self, PyObject *args) {
         }
     }
     Py_DECREF(d);
+    if (self->busy) { /* iterating dims ran Python code: a call may have started meanwhile */
+        PyMem_Free(shape);
+        PyErr_SetString(PyExc_RuntimeError, "cannot change the expectations of an XNNPACK runtime while it runs");
+        return NULL;
+    }
     PyMem_Free(self->shape[i]);
     self->shape[i] = shape;
     self->fmt[i] = (char)c;
@@ -156,16 +198,16 @@ static int matches_expect(Binding *self, Py_ssize_t i, const Py_buffer *v) {
 
 static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"kind", "handle", "setup", "run", "ids", "nbytes", "outputs", "extra", "page",
-                             "check", "pool", "batch", NULL};
+                             "check", "pool", "batch", "element_size", NULL};
     int kind;
     PyObject *handle, *setup, *run, *ids, *nbytes, *outputs, *check, *pool = Py_None;
-    Py_ssize_t extra, page, batch = 0;
+    Py_ssize_t extra, page, batch = 0, element_size = 4;
     if (self->ext != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Binding is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOnnO|On", kwlist, &kind, &handle, &setup, &run, &ids,
-                                     &nbytes, &outputs, &extra, &page, &check, &pool, &batch))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOnnO|On$n", kwlist, &kind, &handle, &setup, &run, &ids,
+                                     &nbytes, &outputs, &extra, &page, &check, &pool, &batch, &element_size))
         return -1;
     if (kind != KIND_RUNTIME && kind != KIND_SHUFFLE) {
         PyErr_SetString(PyExc_ValueError, "kind must be 0 (runtime) or 1 (channel shuffle)");
@@ -179,22 +221,38 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "extra, batch must be >= 0 and page > 0");
         return -1;
     }
-    self->handle = as_pointer(handle, "handle");
-    self->setup_fn = as_pointer(setup, "setup");
-    self->run_fn = as_pointer(run, "run");
-    self->pool = as_pointer(pool, "pool");
-    if (PyErr_Occurred()) return -1;
-    if (!self->handle || !self->setup_fn || !self->run_fn) {
+    if (extra > MAX_EXTRA) {
+        PyErr_Format(PyExc_ValueError, "extra must be at most %d bytes", MAX_EXTRA);
+        return -1;
+    }
+    if (kind == KIND_SHUFFLE ? element_size != 1 && element_size != 4 : element_size != 4) {
+        PyErr_Format(PyExc_ValueError, "element_size must be 1 or 4 for a channel shuffle, 4 for a runtime; got %zd",
+                     element_size);
+        return -1;
+    }
+    void *h, *setup_fn, *run_fn, *pool_h;
+    if (as_pointer(handle, "handle", &h) < 0 || as_pointer(setup, "setup", &setup_fn) < 0 ||
+        as_pointer(run, "run", &run_fn) < 0 || as_pointer(pool, "pool", &pool_h) < 0)
+        return -1;
+    if (!h || !setup_fn || !run_fn) {
         PyErr_SetString(PyExc_ValueError, "handle, setup and run must be non-null addresses");
         return -1;
     }
-    PyObject *ids_f = PySequence_Fast(ids, "ids must be a sequence");
-    PyObject *nb_f = ids_f ? PySequence_Fast(nbytes, "nbytes must be a sequence") : NULL;
-    PyObject *out_f = nb_f ? PySequence_Fast(outputs, "outputs must be a sequence") : NULL;
+    /* Everything is read into local tuples and arrays first and stored in self only at the end: the
+     * conversions below may run Python code (iteration, __bool__) that mutates the caller's lists or calls this
+     * binding's methods, which must keep seeing an uninitialized binding until then. */
+    PyObject *ids_f = as_tuple(ids, "ids must be a sequence");
+    PyObject *nb_f = ids_f ? as_tuple(nbytes, "nbytes must be a sequence") : NULL;
+    PyObject *out_f = nb_f ? as_tuple(outputs, "outputs must be a sequence") : NULL;
+    external_value *ext = NULL;
+    Py_ssize_t *nbs = NULL, *ndim = NULL, **shape = NULL;
+    char *is_output = NULL, *fmt = NULL;
+    void **stage = NULL;
+    Py_buffer *views = NULL;
     int ok = 0;
     if (!out_f) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids_f);
-    if (PySequence_Fast_GET_SIZE(nb_f) != n || PySequence_Fast_GET_SIZE(out_f) != n) {
+    Py_ssize_t n = PyTuple_GET_SIZE(ids_f);
+    if (PyTuple_GET_SIZE(nb_f) != n || PyTuple_GET_SIZE(out_f) != n) {
         PyErr_SetString(PyExc_ValueError, "ids, nbytes and outputs must have the same length");
         goto done;
     }
@@ -202,45 +260,82 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "bad number of external values: %zd", n);
         goto done;
     }
-    self->kind = kind;
-    self->n = n;
-    self->batch = (size_t)batch;
-    self->extra = (size_t)extra;
-    self->page = (size_t)page;
-    self->ext = PyMem_Calloc((size_t)n, sizeof(external_value));
-    self->nbytes = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    self->is_output = PyMem_Calloc((size_t)n, 1);
-    self->stage = PyMem_Calloc((size_t)n, sizeof(void *));
-    self->views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
-    self->fmt = PyMem_Calloc((size_t)n, 1);
-    self->ndim = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    self->shape = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t *));
-    if (!self->ext || !self->nbytes || !self->is_output || !self->stage || !self->views || !self->fmt ||
-        !self->ndim || !self->shape) {
+    ext = PyMem_Calloc((size_t)n, sizeof(external_value));
+    nbs = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    is_output = PyMem_Calloc((size_t)n, 1);
+    stage = PyMem_Calloc((size_t)n, sizeof(void *));
+    views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    fmt = PyMem_Calloc((size_t)n, 1);
+    ndim = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
+    shape = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t *));
+    if (!ext || !nbs || !is_output || !stage || !views || !fmt || !ndim || !shape) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long id = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(ids_f, i));
-        Py_ssize_t nb = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(nb_f, i));
-        int o = PyObject_IsTrue(PySequence_Fast_GET_ITEM(out_f, i));
-        if (PyErr_Occurred() || o < 0) goto done;
+        unsigned long id = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(ids_f, i));
+        if (id == (unsigned long)-1 && PyErr_Occurred()) goto done;
+        Py_ssize_t nb = PyLong_AsSsize_t(PyTuple_GET_ITEM(nb_f, i));
+        if (nb == -1 && PyErr_Occurred()) goto done;
+        int o = PyObject_IsTrue(PyTuple_GET_ITEM(out_f, i));
+        if (o < 0) goto done;
         if (id > 0xFFFFFFFFUL || nb < 0) {
             PyErr_Format(PyExc_ValueError, "external value %zd: bad id or byte size", i);
             goto done;
         }
-        self->ext[i].id = (uint32_t)id;
-        self->nbytes[i] = nb;
-        self->is_output[i] = (char)o;
+        ext[i].id = (uint32_t)id;
+        nbs[i] = nb;
+        is_output[i] = (char)o;
     }
+    /* A channel shuffle reads and writes the same number of whole elements, into its output only: anything
+     * else would let XNNPACK run past a buffer or write into one exported read-only (bytes, say). */
+    if (kind == KIND_SHUFFLE &&
+        (nbs[0] != nbs[1] || nbs[0] % element_size != 0 || is_output[0] || !is_output[1])) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a channel shuffle binds an input and an output of the same size in whole elements");
+        goto done;
+    }
+    if (self->ext != NULL) { /* initialized meanwhile by code the conversions ran */
+        PyErr_SetString(PyExc_RuntimeError, "Binding is already initialized");
+        goto done;
+    }
+    self->kind = kind;
+    self->handle = h;
+    self->setup_fn = setup_fn;
+    self->run_fn = run_fn;
+    self->pool = pool_h;
+    self->n = n;
+    self->batch = (size_t)batch;
+    self->element_size = element_size;
+    self->extra = (size_t)extra;
+    self->page = (size_t)page;
+    self->ext = ext;
+    self->nbytes = nbs;
+    self->is_output = is_output;
+    self->stage = stage;
+    self->views = views;
+    self->fmt = fmt;
+    self->ndim = ndim;
+    self->shape = shape;
+    self->valid = 0;
+    self->busy = 0;
     Py_INCREF(check);
-    self->check = check;
+    Py_XSETREF(self->check, check);
     ok = 1;
 done:
     Py_XDECREF(ids_f);
     Py_XDECREF(nb_f);
     Py_XDECREF(out_f);
-    if (!ok) binding_free_memory(self);
+    if (!ok) {
+        PyMem_Free(ext);
+        PyMem_Free(nbs);
+        PyMem_Free(is_output);
+        PyMem_Free(stage); /* all NULL: nothing was staged yet */
+        PyMem_Free(views);
+        PyMem_Free(fmt);
+        PyMem_Free(ndim);
+        PyMem_Free(shape); /* all NULL: no expectation yet */
+    }
     return ok ? 0 : -1;
 }
 
@@ -251,17 +346,21 @@ static long long now_ns(void) {
 }
 
 static int near_page_end(const char *p, size_t nbytes, size_t extra, size_t page) {
-    uintptr_t end = (uintptr_t)p + nbytes; /* exclusive */
+    uintptr_t end = (uintptr_t)p + nbytes; /* exclusive; extra <= MAX_EXTRA: no wrap-around */
     return (end - 1) / page != (end - 1 + extra) / page;
+}
+
+static void slot_name(Binding *self, Py_ssize_t i, char *name, size_t size) {
+    if (self->kind == KIND_SHUFFLE)
+        snprintf(name, size, "%s", i == 0 ? "input" : "output");
+    else
+        snprintf(name, size, "%u", (unsigned)self->ext[i].id);
 }
 
 /* Raise ValueError saying why buffer ``obj`` cannot be bound at slot ``i`` (the Python path's wording). */
 static void bad_buffer(Binding *self, Py_ssize_t i, PyObject *obj) {
     char name[32];
-    if (self->kind == KIND_SHUFFLE)
-        snprintf(name, sizeof name, "%s", i == 0 ? "input" : "output");
-    else
-        snprintf(name, sizeof name, "%u", (unsigned)self->ext[i].id);
+    slot_name(self, i, name, sizeof name);
     Py_buffer probe;
     if (PyObject_GetBuffer(obj, &probe, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
         PyErr_Clear();
@@ -270,24 +369,33 @@ static void bad_buffer(Binding *self, Py_ssize_t i, PyObject *obj) {
         return;
     }
     Py_ssize_t len = probe.len, itemsize = probe.itemsize;
+    int contiguous = PyBuffer_IsContiguous(&probe, 'C');
     int expected = matches_expect(self, i, &probe);
     PyBuffer_Release(&probe);
-    if (!expected)
+    if (!contiguous)
+        PyErr_Format(PyExc_ValueError, "external value %s needs a C-contiguous array of %zd bytes, got %s", name,
+                     self->nbytes[i], Py_TYPE(obj)->tp_name);
+    else if (!expected)
         PyErr_Format(PyExc_ValueError, "external value %s does not have the expected dtype '%c' and shape", name,
                      self->fmt[i]);
     else if (len != self->nbytes[i])
         PyErr_Format(PyExc_ValueError, "external value %s needs a C-contiguous array of %zd bytes, got %zd", name,
                      self->nbytes[i], len);
-    else if (self->kind == KIND_SHUFFLE && itemsize != 4)
-        PyErr_SetString(PyExc_ValueError, "channel shuffle moves 32-bit elements");
-    else
+    else if (self->kind == KIND_SHUFFLE && itemsize != self->element_size)
+        PyErr_Format(PyExc_ValueError, "channel shuffle moves %d-bit elements", (int)self->element_size * 8);
+    else if (self->is_output[i])
         PyErr_Format(PyExc_ValueError, "external output %s is read-only", name);
+    else /* the export failed the first time only (an exporter that changed its mind) */
+        PyErr_Format(PyExc_ValueError, "external value %s needs a C-contiguous array of %zd bytes, got %s", name,
+                     self->nbytes[i], Py_TYPE(obj)->tp_name);
 }
 
 static int raise_status(Binding *self, const char *call, int status) {
-    PyObject *r = PyObject_CallFunction(self->check, "si", call, status);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
+    if (self->check != NULL) {
+        PyObject *r = PyObject_CallFunction(self->check, "si", call, status);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
     PyErr_Format(PyExc_RuntimeError, "%s failed with status %d", call, status);
     return -1;
 }
@@ -305,36 +413,45 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
         PyErr_SetString(PyExc_RuntimeError, "this XNNPACK runtime is already running (calls must not overlap)");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(arrays, "arrays must be a sequence");
-    if (seq == NULL) return NULL;
+    /* Busy from here until every view is released: iterating ``arrays`` and exporting or releasing a buffer may
+     * run Python code (a generator, and with it a switch to another thread), which must neither start a second
+     * call on the shared views, ext and staging buffers nor close the handle under this one. */
+    self->busy = 1;
+    PyObject *seq = as_tuple(arrays, "arrays must be a sequence"); /* its items stay referenced to the end */
+    if (seq == NULL) {
+        self->busy = 0;
+        return NULL;
+    }
     Py_ssize_t n = self->n, got = 0;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
-        PyErr_Format(PyExc_ValueError, "expected %zd buffers, got %zd", n, PySequence_Fast_GET_SIZE(seq));
+    if (PyTuple_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "expected %zd buffers, got %zd", n, PyTuple_GET_SIZE(seq));
         Py_DECREF(seq);
+        self->busy = 0;
         return NULL;
     }
     int changed = !self->valid, failed = 0;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++, got++) {
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
         Py_buffer *v = &self->views[i];
         int flags = PyBUF_C_CONTIGUOUS | (self->is_output[i] ? PyBUF_WRITABLE : 0) | (self->fmt[i] ? PyBUF_FORMAT : 0);
-        if (PyObject_GetBuffer(items[i], v, flags) != 0) {
+        if (PyObject_GetBuffer(item, v, flags) != 0) {
             PyErr_Clear();
-            bad_buffer(self, i, items[i]);
+            bad_buffer(self, i, item);
             failed = 1;
             break;
         }
-        if (v->len != self->nbytes[i] || (self->kind == KIND_SHUFFLE && v->itemsize != 4) ||
-            !matches_expect(self, i, v)) {
+        if (v->len != self->nbytes[i] || (self->kind == KIND_SHUFFLE && v->itemsize != self->element_size) ||
+            (self->is_output[i] && v->readonly) || (v->len > 0 && v->buf == NULL) ||
+            !PyBuffer_IsContiguous(v, 'C') || !matches_expect(self, i, v)) {
             PyBuffer_Release(v);
-            bad_buffer(self, i, items[i]);
+            bad_buffer(self, i, item);
             failed = 1;
             break;
         }
         void *ptr = v->buf;
         if (!self->is_output[i] && v->len > 0 && near_page_end(v->buf, (size_t)v->len, self->extra, self->page)) {
             if (self->stage[i] == NULL) {
-                self->stage[i] = malloc((size_t)v->len + self->extra);
+                self->stage[i] = calloc(1, (size_t)v->len + self->extra); /* len == nbytes[i] on every call */
                 if (self->stage[i] == NULL) {
                     PyBuffer_Release(v);
                     PyErr_NoMemory();
@@ -352,18 +469,24 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
     }
     int status = 0;
     const char *call = NULL;
+    if (!failed && self->handle == NULL) { /* cannot happen (close refuses while busy); never call through NULL */
+        PyErr_SetString(PyExc_RuntimeError, "the runtime or operator was deleted");
+        failed = 1;
+    }
     if (!failed && changed && self->kind == KIND_SHUFFLE) {
-        const char *a = self->views[0].buf, *b = self->views[1].buf;
-        if (a < b + self->views[1].len && b < a + self->views[0].len && self->views[0].len) {
+        uintptr_t a = (uintptr_t)self->views[0].buf, b = (uintptr_t)self->views[1].buf;
+        size_t la = (size_t)self->views[0].len, lb = (size_t)self->views[1].len;
+        if (la && lb && a < b + lb && b < a + la) {
             PyErr_SetString(PyExc_ValueError, "channel shuffle input and output overlap");
             failed = 1;
         }
     }
     if (!failed) {
-        self->busy = 1;
         if (changed) {
             self->valid = 0;
-            call = self->kind == KIND_RUNTIME ? "xnn_setup_runtime" : "xnn_setup_channel_shuffle_nc_x32";
+            call = self->kind == KIND_RUNTIME       ? "xnn_setup_runtime"
+                   : self->element_size == 1        ? "xnn_setup_channel_shuffle_nc_x8"
+                                                    : "xnn_setup_channel_shuffle_nc_x32";
             long long t0 = now_ns();
             if (self->kind == KIND_RUNTIME)
                 status = ((setup_runtime_fn)self->setup_fn)(self->handle, (size_t)n, self->ext);
@@ -388,11 +511,11 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             Py_END_ALLOW_THREADS
             self->run_ns += t1 - t0;
         }
-        self->busy = 0;
     }
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&self->views[i]);
-    if (failed) self->valid = 0;
+    if (failed) self->valid = 0; /* some pointers may have been replaced: set up again next time */
     Py_DECREF(seq);
+    self->busy = 0;
     if (failed) return NULL;
     if (status != 0) {
         raise_status(self, call, status);
@@ -461,7 +584,10 @@ static PyTypeObject BindingType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "edgeport_xnnpack._glue.Binding",
     .tp_basicsize = sizeof(Binding),
     .tp_dealloc = (destructor)Binding_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Binding_traverse,
+    .tp_clear = (inquiry)Binding_clear,
+    .tp_free = PyObject_GC_Del,
     .tp_doc = "Checked external-buffer binding, setup caching and invocation of one XNNPACK runtime/operator.",
     .tp_methods = Binding_methods,
     .tp_getset = Binding_getset,
