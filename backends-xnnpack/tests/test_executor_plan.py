@@ -190,6 +190,21 @@ def test_channel_shuffle_matches_numpy_transpose(shape, perm):
         op.run(x, out)
 
 
+@pytest.mark.parametrize("shape, perm", [((1, 4, 5, 6), (0, 2, 3, 1)), ((2, 6, 4), (0, 2, 1))])
+def test_int8_channel_shuffle_matches_numpy_transpose(shape, perm):
+    x = np.random.default_rng(6).integers(-128, 128, shape, dtype=np.int8)
+    want = np.ascontiguousarray(x.transpose(perm))
+    op = native.ChannelShuffle(*shuffle_dims(shape, perm), element_size=1)
+    out = np.empty(want.shape, np.int8)
+    op.run(x, out)
+    np.testing.assert_array_equal(out, want)
+    with pytest.raises(native.XnnpackError, match="8-bit"):  # the right bytes, but 16-bit elements
+        op.run(x.reshape(-1).view(np.int16), out)
+    op.close()
+    with pytest.raises(native.XnnpackError, match="1- or 4-byte"):
+        native.ChannelShuffle(1, 2, 2, element_size=2)
+
+
 def test_channel_shuffle_refuses_bad_buffers():
     op = native.ChannelShuffle(1, 3, 4)
     x = np.zeros((3, 4), np.float32)

@@ -18,8 +18,9 @@ from xnn_helpers import needs_xnnpack, run_edgeport, run_executorch
 
 from edgeport.errors import ProgramError
 from edgeport.program import load_pte
+from edgeport_xnnpack._native_run import glue_status
 from edgeport_xnnpack._rewrite_int8 import int8_mean
-from edgeport_xnnpack.runtime import XnnpackExecutor
+from edgeport_xnnpack.runtime import XnnpackExecutor, _Shuffle
 from edgeport_xnnpack.schema.graph import INVALID_ID, QCINT8, QINT8, PerChannelQuant, PerTensorQuant
 from edgeport_xnnpack.schema.reader import read_blob
 from edgeport_xnnpack.schema.writer import serialize
@@ -128,15 +129,21 @@ def test_int8_fully_connected_runs_natively_as_a_1x1_convolution(mlp_blob):
         XnnpackExecutor().destroy(handle)
 
 
+def _int8_shuffles(handle) -> list[int]:
+    """The element sizes of the handle's channel-shuffle operator steps."""
+    return [s.op.element_size for s in handle.steps if isinstance(s, _Shuffle)]
+
+
 def test_int8_mobilenet_v2_matches_executorch():
-    # NCHW -> NHWC int8 transpose on the host; the 1x1 [1, 1, 1, C] -> [1, C, 1, 1] one becomes a reshape; the
-    # int8 global average pooling is rounded as newer XNNPACK does (the 2022 kernel is a step off on ties)
+    # NCHW -> NHWC int8 transpose on XNNPACK's 8-bit channel shuffle; the 1x1 [1, 1, 1, C] -> [1, C, 1, 1] one
+    # becomes a reshape; the int8 global average pooling is rounded as newer XNNPACK does (the 2022 kernel is a
+    # step off on ties)
     buffer, steps = compare(mobilenet_v2)
     assert steps == 0
     handle = init(buffer)
     try:  # 64x64 input: a 2x2 pooling with an odd zero point -> the host mean
-        assert [s.label for s in handle.steps if "host" in s.label] == ["host[1 nodes: StaticTranspose]",
-                                                                        "host[1 nodes: GlobalAvgPooling2d]"]
+        assert [s.label for s in handle.steps if "host" in s.label] == ["host[1 nodes: GlobalAvgPooling2d]"]
+        assert _int8_shuffles(handle) == [1]
     finally:
         XnnpackExecutor().destroy(handle)
 
@@ -146,8 +153,9 @@ def test_int8_mobilenet_v2_224_matches_executorch():
     buffer, steps = compare(lambda: mobilenet_v2(224))
     assert steps == 0
     handle = init(buffer)
-    try:  # a 7x7 pooling has no ties: native
-        assert [s.label for s in handle.steps if "host" in s.label] == ["host[1 nodes: StaticTranspose]"]
+    try:  # a 7x7 pooling has no ties: native; every step in XNNPACK, so the direct call (with the C glue)
+        assert handle.summary["host_steps"] == 0 and _int8_shuffles(handle) == [1]
+        assert (handle.direct is not None) == (glue_status()[0] == "c")
     finally:
         XnnpackExecutor().destroy(handle)
 

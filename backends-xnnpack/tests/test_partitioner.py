@@ -105,3 +105,16 @@ def test_backend_is_discovered():
     assert spec.distribution == "edgeport-xnnpack"
     assert spec.capabilities() is CAPABILITIES
     assert type(spec.partitioner()).__name__ == "XnnpackPartitioner"
+
+
+def test_docs_op_table_is_generated_from_the_capability_table():
+    """docs/backends/xnnpack.md lists exactly the capability table (`edgeport op-table XnnpackBackend --update`)."""
+    from pathlib import Path
+
+    from edgeport import scaffold
+    from edgeport_xnnpack.capabilities import BACKEND_ID, CAPABILITIES
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "backends" / "xnnpack.md"
+    text = doc.read_text(encoding="utf-8")
+    assert scaffold.update_generated_block(text, BACKEND_ID, CAPABILITIES) == text, (
+        f"{doc} is stale: run edgeport op-table {BACKEND_ID} --update {doc}")

@@ -288,36 +288,45 @@ class Runtime:
 
 
 class ChannelShuffle:
-    """XNNPACK's ``channel_shuffle_nc_x32`` operator: ``batch`` items of ``[groups, group_channels]`` 32-bit
-    elements transposed to ``[group_channels, groups]`` (groups = C, group_channels = H*W is NCHW -> NHWC; the
-    reverse is groups = H*W, group_channels = C). Created once; set up again only when a pointer changes; runs
-    on ``pool``. ``close()`` deletes the operator."""
+    """XNNPACK's ``channel_shuffle_nc_x32`` (``element_size=4``) or ``channel_shuffle_nc_x8`` (``element_size=1``)
+    operator: ``batch`` items of ``[groups, group_channels]`` elements transposed to ``[group_channels, groups]``
+    (groups = C, group_channels = H*W is NCHW -> NHWC; the reverse is groups = H*W, group_channels = C). Created
+    once; set up again only when a pointer changes; runs on ``pool``. ``close()`` deletes the operator."""
 
-    def __init__(self, batch: int, groups: int, group_channels: int, pool: ThreadPool | None = None) -> None:
+    def __init__(self, batch: int, groups: int, group_channels: int, pool: ThreadPool | None = None,
+                 element_size: int = 4) -> None:
         self.lib = library()
-        if not self.lib.operators:
-            raise XnnpackError("this libXNNPACK has no channel_shuffle_nc_x32 operator")
+        if element_size not in (1, 4):
+            raise XnnpackError(f"channel shuffle moves 1- or 4-byte elements, not {element_size!r}")
+        bits = 8 * element_size
+        if not (self.lib.operators if element_size == 4 else self.lib.operators_x8):
+            raise XnnpackError(f"this libXNNPACK has no channel_shuffle_nc_x{bits} operator")
         for what, v in (("batch", batch), ("groups", groups), ("group_channels", group_channels)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**31:
                 raise XnnpackError(f"channel shuffle {what} must be an int in 1..2**31-1, got {v!r}")
         if groups < 2:
             raise XnnpackError("channel shuffle needs at least 2 groups")
         self.batch, self.groups, self.group_channels = batch, groups, group_channels
+        self.element_size = element_size
         self.pool = pool
         c = groups * group_channels
         h = c_void_p()
-        self.lib.check(self.lib.xnn.xnn_create_channel_shuffle_nc_x32(groups, group_channels, c, c, 0,
-                                                                      ctypes.byref(h)),
-                       "xnn_create_channel_shuffle_nc_x32")
+        xnn = self.lib.xnn
+        create = xnn.xnn_create_channel_shuffle_nc_x32 if element_size == 4 else xnn.xnn_create_channel_shuffle_nc_x8
+        self._setup_fn = (xnn.xnn_setup_channel_shuffle_nc_x32 if element_size == 4
+                          else xnn.xnn_setup_channel_shuffle_nc_x8)
+        self._setup_name = f"xnn_setup_channel_shuffle_nc_x{bits}"
+        self.lib.check(create(groups, group_channels, c, c, 0, ctypes.byref(h)),
+                       f"xnn_create_channel_shuffle_nc_x{bits}")
         self.handle: int | None = h.value
-        self._bindings = _Bindings(["input", "output"], [batch * c * 4] * 2, [False, True])
+        self._bindings = _Bindings(["input", "output"], [batch * c * element_size] * 2, [False, True])
         self._setups = 0
-        self._xnn = self.lib.xnn
+        self._xnn = xnn
         self._pool_handle = pool.handle if pool else None
         self.glue = None if _glue is None else _glue.Binding(
-            _glue.KIND_SHUFFLE, self.handle, _fn_address(self._xnn.xnn_setup_channel_shuffle_nc_x32),
-            _fn_address(self._xnn.xnn_run_operator), [0, 1], self._bindings.nbytes, self._bindings.outputs,
-            EXTRA_BYTES, _PAGE, _raise_status, self._pool_handle, batch)
+            _glue.KIND_SHUFFLE, self.handle, _fn_address(self._setup_fn), _fn_address(xnn.xnn_run_operator),
+            [0, 1], self._bindings.nbytes, self._bindings.outputs, EXTRA_BYTES, _PAGE, _raise_status,
+            self._pool_handle, batch, **({"element_size": 1} if element_size == 1 else {}))
 
     @property
     def setups(self) -> int:
@@ -344,16 +353,15 @@ class ChannelShuffle:
             return
         b = self._bindings
         changed = b.bind((src, dst))
-        if src.itemsize != 4 or dst.itemsize != 4:
+        if src.itemsize != self.element_size or dst.itemsize != self.element_size:
             b.valid = False
-            raise XnnpackError("channel shuffle moves 32-bit elements")
+            raise XnnpackError(f"channel shuffle moves {8 * self.element_size}-bit elements")
         if changed:
             b.valid = False
             if np.shares_memory(src, dst):
                 raise XnnpackError("channel shuffle input and output overlap")
-            self.lib.check(self.lib.xnn.xnn_setup_channel_shuffle_nc_x32(handle, self.batch, b.ptrs[0], b.ptrs[1],
-                                                                         self._pool_handle),
-                           "xnn_setup_channel_shuffle_nc_x32")
+            self.lib.check(self._setup_fn(handle, self.batch, b.ptrs[0], b.ptrs[1], self._pool_handle),
+                           self._setup_name)
             b.valid = True
             self._setups += 1
         status = self._xnn.xnn_run_operator(handle, self._pool_handle)

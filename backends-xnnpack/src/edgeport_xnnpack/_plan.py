@@ -1,7 +1,8 @@
 """Which side runs each blob node, and in which order (torch-free).
 
 Every node gets a side: ``N`` (inside a native XNNPACK runtime), ``H`` (a numpy host segment) or ``S`` (the
-library's channel-shuffle *operator*, for 2-D transposes of 32-bit elements). Nodes this libXNNPACK cannot
+library's channel-shuffle *operator*, for 2-D transposes of float32 elements, and of int8 elements that keep their
+quantization when the library has the 8-bit operator). Nodes this libXNNPACK cannot
 define are ``H``; the others are ``N``, except flexible ones placed where they are cheapest:
 
 - *views* (reshapes, copies, transposes that only move size-1 dims) go to the host, where they are free numpy
@@ -20,7 +21,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
+from edgeport_xnnpack.schema.graph import FP32, QINT8, PerTensorQuant, TensorValue, XNode
 
 _VIEW_KINDS = ("XNNStaticReshape", "XNNCopy")
 
@@ -78,6 +79,16 @@ def is_view(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int,
     return vi.datatype == vo.datatype == FP32 and vi.quant is None and vo.quant is None
 
 
+def shuffle_element_size(vi: TensorValue, vo: TensorValue) -> int | None:
+    """The element size a channel shuffle moves from ``vi`` to ``vo``: 4 for float32, 1 for per-tensor qint8 with
+    the same quantization on both sides (the bytes just move), else ``None``."""
+    if vi.datatype == vo.datatype == FP32 and vi.quant is None and vo.quant is None:
+        return 4
+    if vi.datatype == vo.datatype == QINT8 and isinstance(vi.quant, PerTensorQuant) and vi.quant == vo.quant:
+        return 1
+    return None
+
+
 @dataclass
 class Placement:
     sides: list[str]   # per node: "N", "H" or "S"
@@ -86,8 +97,13 @@ class Placement:
 
 
 def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, TensorValue],
-          dims: dict[int, tuple[int, ...]], const: set[int], operators: bool) -> Placement:
-    """Choose each node's side (see the module docstring)."""
+          dims: dict[int, tuple[int, ...]], const: set[int], operators: bool,
+          operators_x8: bool = False) -> Placement:
+    """Choose each node's side (see the module docstring). ``operators`` / ``operators_x8``: the library has the
+    32-bit / 8-bit channel-shuffle operator."""
+    sizes = {4} if operators else set()
+    if operators_x8:
+        sizes.add(1)
     producer: dict[int, int] = {}
     consumers: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -105,8 +121,8 @@ def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, Tens
             views.add(i)
         elif nat and n.kind == "XNNMultiply" and _scalar_operand(n, values, dims, const):
             flex_mul.add(i)
-        elif n.kind == "XNNStaticTranspose" and operators and n.get("input_id") not in const \
-                and values[n.outputs()[0]].datatype == values[n.get("input_id")].datatype == FP32:
+        elif n.kind == "XNNStaticTranspose" and n.get("input_id") not in const \
+                and shuffle_element_size(values[n.get("input_id")], values[n.outputs()[0]]) in sizes:
             shape, perm = dims[n.get("input_id")], [int(a) for a in n.get("perm")]
             sd = shuffle_dims(shape, perm) if valid_perm(shape, perm, dims[n.outputs()[0]]) else None
             if sd is not None:

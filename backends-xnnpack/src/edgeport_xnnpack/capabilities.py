@@ -351,7 +351,9 @@ CAPABILITIES = CapabilityTable((
     _cap("aten._unsafe_view.default"), _cap("aten.squeeze_copy.dims"), _cap("aten.squeeze_copy.dim"),
     _cap("aten.unsqueeze_copy.default"), _cap("aten.clone.default", notes="identity reshape"),
     _cap("aten.expand_copy.default", _expand, notes="no-op expands only"),
-    _cap("aten.permute_copy.default", notes="static transpose; " + _HOST),
+    _cap("aten.permute_copy.default", notes="static transpose; on edgeport's runtime a 2-D transpose (e.g. NCHW <-> "
+         "NHWC) runs on XNNPACK's channel-shuffle operator, one moving only size-1 dims is a reshape, others are "
+         "host steps (libXNNPACK 2022 has no transpose node); native on ExecuTorch's"),
     _cap("aten.cat.default", _cat, notes="concatenate (chained for more than 5 inputs); " + _HOST),
     _cap("aten.slice_copy.Tensor", _slice, notes="step 1; " + _HOST),
     _cap("aten.select_copy.int", notes="slice + reshape; " + _HOST),

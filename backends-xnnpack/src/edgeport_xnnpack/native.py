@@ -121,6 +121,7 @@ _DEFINERS: dict[str, tuple[Any, ...]] = {
 }
 _OPERATOR_FNS = ("xnn_create_channel_shuffle_nc_x32", "xnn_setup_channel_shuffle_nc_x32", "xnn_run_operator",
                  "xnn_delete_operator")
+_OPERATOR_FNS_X8 = ("xnn_create_channel_shuffle_nc_x8", "xnn_setup_channel_shuffle_nc_x8")
 _WEIGHT_NODES = {"convolution_2d": 16, "deconvolution_2d": 18, "depthwise_convolution_2d": 15,
                  "fully_connected": 3}  # argument index of filter_id; bias_id follows
 
@@ -184,6 +185,11 @@ class Library:
             self._fn(x, "xnn_setup_channel_shuffle_nc_x32", c_int, c_void_p, SZ, c_void_p, c_void_p, c_void_p)
             self._fn(x, "xnn_run_operator", c_int, c_void_p, c_void_p)
             self._fn(x, "xnn_delete_operator", c_int, c_void_p)
+        #: the 8-bit channel shuffle (int8 transposes of ExecuTorch-written quantized blobs)
+        self.operators_x8 = self.operators and all(hasattr(x, n) for n in _OPERATOR_FNS_X8)
+        if self.operators_x8:
+            self._fn(x, "xnn_create_channel_shuffle_nc_x8", c_int, SZ, SZ, SZ, SZ, U32, POINTER(c_void_p))
+            self._fn(x, "xnn_setup_channel_shuffle_nc_x8", c_int, c_void_p, SZ, c_void_p, c_void_p, c_void_p)
         self._fn(p, "pthreadpool_create", c_void_p, SZ)
         self._fn(p, "pthreadpool_destroy", None, c_void_p)
         self._fn(p, "pthreadpool_get_threads_count", SZ, c_void_p)

@@ -29,7 +29,7 @@ from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_
 from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
-from edgeport_xnnpack._plan import is_view, place, schedule
+from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack._steps import XnnpackHandle, _Host, _Native, _Shuffle
@@ -152,7 +152,8 @@ class _Planner:
     def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
         nodes = [self._as_reshape(n) for n in self.g.nodes]
         nat = [self.native_ok(n) for n in nodes]
-        placed = place(nodes, nat, self.values, self.dims, set(self.const), self.lib.operators)
+        placed = place(nodes, nat, self.values, self.dims, set(self.const), self.lib.operators,
+                       self.lib.operators_x8)
         groups = schedule(nodes, placed.sides)
         producer: dict[int, int] = {}
         for gi, (_, idx) in enumerate(groups):
@@ -211,7 +212,8 @@ class _Planner:
 
     def _shuffle(self, n: XNode, sd: tuple[int, int, int], pool: native.ThreadPool | None) -> _Shuffle:
         try:
-            op = native.ChannelShuffle(*sd, pool=pool)
+            size = shuffle_element_size(self.values[n.get("input_id")], self.values[n.get("output_id")])
+            op = native.ChannelShuffle(*sd, pool=pool, element_size=size or 4)
         except native.XnnpackError as exc:
             raise _fail(f"{n.kind}: {exc}") from exc
         return _Shuffle(op, n.get("input_id"), n.get("output_id"),
