@@ -191,6 +191,7 @@ static int matches_expect(Binding *self, Py_ssize_t i, const Py_buffer *v) {
     const char *f = v->format ? v->format : "B";
     if (*f == '<' || *f == '=' || *f == '@') f++;
     if (f[0] != self->fmt[i] || f[1] != 0 || v->ndim != self->ndim[i]) return 0;
+    if (v->ndim > 0 && v->shape == NULL) return 0; /* an exporter that ignored PyBUF_ND: never dereference */
     for (Py_ssize_t k = 0; k < v->ndim; k++)
         if (v->shape[k] != self->shape[i][k]) return 0;
     return 1;
