@@ -233,3 +233,36 @@ def test_glue_counts_time_inside_the_library(cnn):
     method.execute([x.numpy()])
     after = [(b.setup_ns, b.run_ns) for b in bindings]
     assert all(a[1] > b[1] for a, b in zip(after, before))  # every step ran inside the library once more
+
+
+def test_python_path_refuses_overlapping_calls_and_close_during_a_call():
+    """ctypes releases the GIL inside the library calls: the Python path guards them as the C glue does."""
+    import threading
+
+    rt, w, b = _fc_runtime("python")
+    x, out = np.ones((2, 4), np.float32), np.empty((2, 3), np.float32)
+    started, release = threading.Event(), threading.Event()
+
+    class SlowArray(list):  # binding the arrays runs this, while the call holds the runtime
+        def __iter__(self):
+            started.set()
+            release.wait(5)
+            return super().__iter__()
+
+    errors: list[Exception] = []
+    t = threading.Thread(target=lambda: rt.run_list(SlowArray([x, out])))
+    t.start()
+    started.wait(5)
+    for call in (lambda: rt.run_list([x, out]), rt.close):
+        try:
+            call()
+        except native.XnnpackError as exc:
+            errors.append(exc)
+    release.set()
+    t.join(5)
+    assert [str(e) for e in errors] == ["this XNNPACK runtime is already running (calls must not overlap)",
+                                        "cannot close an XNNPACK runtime while it runs"]
+    np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-6)  # the first call finished on a live runtime
+    rt.close()
+    with pytest.raises(native.XnnpackError, match="deleted"):
+        rt.run_list([x, out])

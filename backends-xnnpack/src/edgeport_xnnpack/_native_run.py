@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import threading
 import weakref
 from collections.abc import Sequence
 from ctypes import c_void_p
@@ -174,6 +175,34 @@ class _Bindings:
 _char = ctypes.c_char
 
 
+class _Busy:
+    """Refuses overlapping use of one runtime / operator on the Python path (ctypes releases the GIL inside the
+    library calls, so another thread could re-point or delete it mid-call); the C glue has its own flag."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def hold(self, message: str) -> _Held:
+        if not self._lock.acquire(blocking=False):
+            raise XnnpackError(message)
+        return _Held(self._lock)
+
+
+class _Held:
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+_RUNNING = "this XNNPACK runtime is already running (calls must not overlap)"
+_CLOSING = "cannot close an XNNPACK runtime while it runs"
+
+
 def _address(a: np.ndarray, writeable: bool) -> int:
     """The address of a C-contiguous array's first byte (0 for an empty array)."""
     if writeable and a.nbytes:
@@ -208,6 +237,7 @@ class Runtime:
         self._bindings = _Bindings(self.order, [self.nbytes(v) for v in self.order],
                                    [bool(self.externals[v][2] & FLAG_EXTERNAL_OUTPUT) for v in self.order])
         self._setups = 0
+        self._busy = _Busy()
         self._xnn = self.lib.xnn
         self.glue = None if _glue is None else _glue.Binding(
             _glue.KIND_RUNTIME, self.handle, _fn_address(self._xnn.xnn_setup_runtime),
@@ -258,27 +288,32 @@ class Runtime:
             except ValueError as exc:
                 raise XnnpackError(str(exc)) from None
             return
-        b = self._bindings
-        if b.bind(arrays):
-            b.valid = False
-            for i, ptr in enumerate(b.ptrs):
-                self._ext[i].data = ptr
-            self.lib.check(self.lib.xnn.xnn_setup_runtime(handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
-            b.valid = True
-            self._setups += 1
-        status = self._xnn.xnn_invoke_runtime(handle)
-        if status:
-            self.lib.check(status, "xnn_invoke_runtime")
+        with self._busy.hold(_RUNNING):
+            handle = self.handle
+            if not handle:
+                raise XnnpackError("the runtime was deleted")
+            b = self._bindings
+            if b.bind(arrays):
+                b.valid = False
+                for i, ptr in enumerate(b.ptrs):
+                    self._ext[i].data = ptr
+                self.lib.check(self.lib.xnn.xnn_setup_runtime(handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
+                b.valid = True
+                self._setups += 1
+            status = self._xnn.xnn_invoke_runtime(handle)
+            if status:
+                self.lib.check(status, "xnn_invoke_runtime")
 
     def close(self) -> None:
         c = getattr(self, "glue", None)
         if c is not None:
             c.close()  # raises if a call is running in another thread
-        if self.handle:
-            self.lib.xnn.xnn_delete_runtime(self.handle)
-        self.handle = None
-        self.keep = {}
-        self._bindings.clear()
+        with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
+            if self.handle:
+                self.lib.xnn.xnn_delete_runtime(self.handle)
+            self.handle = None
+            self.keep = {}
+            self._bindings.clear()
 
     def __del__(self) -> None:  # pragma: no cover - safety net
         try:
@@ -321,6 +356,7 @@ class ChannelShuffle:
         self.handle: int | None = h.value
         self._bindings = _Bindings(["input", "output"], [batch * c * element_size] * 2, [False, True])
         self._setups = 0
+        self._busy = _Busy()
         self._xnn = xnn
         self._pool_handle = pool.handle if pool else None
         self.glue = None if _glue is None else _glue.Binding(
@@ -351,31 +387,36 @@ class ChannelShuffle:
             except ValueError as exc:
                 raise XnnpackError(str(exc)) from None
             return
-        b = self._bindings
-        changed = b.bind((src, dst))
-        if src.itemsize != self.element_size or dst.itemsize != self.element_size:
-            b.valid = False
-            raise XnnpackError(f"channel shuffle moves {8 * self.element_size}-bit elements")
-        if changed:
-            b.valid = False
-            if np.shares_memory(src, dst):
-                raise XnnpackError("channel shuffle input and output overlap")
-            self.lib.check(self._setup_fn(handle, self.batch, b.ptrs[0], b.ptrs[1], self._pool_handle),
-                           self._setup_name)
-            b.valid = True
-            self._setups += 1
-        status = self._xnn.xnn_run_operator(handle, self._pool_handle)
-        if status:
-            self.lib.check(status, "xnn_run_operator")
+        with self._busy.hold(_RUNNING):
+            handle = self.handle
+            if not handle:
+                raise XnnpackError("the channel shuffle operator was deleted")
+            b = self._bindings
+            changed = b.bind((src, dst))
+            if src.itemsize != self.element_size or dst.itemsize != self.element_size:
+                b.valid = False
+                raise XnnpackError(f"channel shuffle moves {8 * self.element_size}-bit elements")
+            if changed:
+                b.valid = False
+                if np.shares_memory(src, dst):
+                    raise XnnpackError("channel shuffle input and output overlap")
+                self.lib.check(self._setup_fn(handle, self.batch, b.ptrs[0], b.ptrs[1], self._pool_handle),
+                               self._setup_name)
+                b.valid = True
+                self._setups += 1
+            status = self._xnn.xnn_run_operator(handle, self._pool_handle)
+            if status:
+                self.lib.check(status, "xnn_run_operator")
 
     def close(self) -> None:
         c = getattr(self, "glue", None)
         if c is not None:
             c.close()
-        if self.handle:
-            self.lib.xnn.xnn_delete_operator(self.handle)
-        self.handle = None
-        self._bindings.clear()
+        with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
+            if self.handle:
+                self.lib.xnn.xnn_delete_operator(self.handle)
+            self.handle = None
+            self._bindings.clear()
 
     def __del__(self) -> None:  # pragma: no cover - safety net
         try:
