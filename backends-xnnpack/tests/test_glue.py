@@ -266,3 +266,28 @@ def test_python_path_refuses_overlapping_calls_and_close_during_a_call():
     rt.close()
     with pytest.raises(native.XnnpackError, match="deleted"):
         rt.run_list([x, out])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_runtime_refuses_an_output_that_overlaps_another_external_value(path):
+    """An output aliasing an input would be read after XNNPACK overwrote it: refused before setup."""
+    sg = native.Subgraph(2)
+    x = sg.define_tensor(1, [8], external_id=0, flags=native.FLAG_EXTERNAL_INPUT)
+    y = sg.define_tensor(1, [8], external_id=1, flags=native.FLAG_EXTERNAL_OUTPUT)
+    sg.define("clamp", 0.0, 6.0, x, y, 0, inputs=[x], outputs=[y])
+    rt = native.Runtime(sg, None)
+    sg.close()
+    if path == "python":
+        rt.glue = None
+    elif rt.glue is None:
+        pytest.skip(glue_status()[1])
+    base = np.linspace(-3, 9, 24, dtype=np.float32)
+    for a, b in [(base[:8], base[:8]), (base[:8], base[4:12])]:
+        with pytest.raises(native.XnnpackError, match="external values 1 and 0 overlap"):
+            rt.run_list([a, b])
+    out = np.empty(8, np.float32)
+    rt.run_list([base[:8], out])  # apart: runs
+    np.testing.assert_array_equal(out, np.clip(base[:8], 0, 6))
+    rt.run_list([base[:8], base[8:16]])  # adjacent, not overlapping
+    np.testing.assert_array_equal(base[8:16], np.clip(base[:8], 0, 6))
+    rt.close()

@@ -474,6 +474,26 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
         PyErr_SetString(PyExc_RuntimeError, "the runtime or operator was deleted");
         failed = 1;
     }
+    if (!failed && changed && self->kind == KIND_RUNTIME) {
+        /* an output must not share memory with any other external value: XNNPACK would read what it already
+         * overwrote (or write one output over another); inputs may share memory with each other */
+        for (Py_ssize_t i = 0; i < n && !failed; i++) {
+            if (!self->is_output[i] || self->views[i].len == 0) continue;
+            uintptr_t a = (uintptr_t)self->views[i].buf;
+            size_t la = (size_t)self->views[i].len;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                uintptr_t b = (uintptr_t)self->ext[j].data; /* a staged input: its copy, taken before the call */
+                size_t lb = (size_t)self->views[j].len;
+                if (j == i || lb == 0 || (j < i && self->is_output[j])) continue; /* each output pair once */
+                if (a < b + lb && b < a + la) {
+                    PyErr_Format(PyExc_ValueError, "external values %u and %u overlap (an output must have memory "
+                                 "of its own)", (unsigned)self->ext[i].id, (unsigned)self->ext[j].id);
+                    failed = 1;
+                    break;
+                }
+            }
+        }
+    }
     if (!failed && changed && self->kind == KIND_SHUFFLE) {
         uintptr_t a = (uintptr_t)self->views[0].buf, b = (uintptr_t)self->views[1].buf;
         size_t la = (size_t)self->views[0].len, lb = (size_t)self->views[1].len;

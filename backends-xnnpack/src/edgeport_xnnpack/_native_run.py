@@ -166,6 +166,17 @@ class _Bindings:
             self.seen = [None] * len(self.names)
             raise
 
+    def overlapping(self) -> tuple[Any, Any] | None:
+        """Names of an output and another external value whose bound memory overlaps (``None`` when none do)."""
+        spans = [(p, p + nb) for p, nb in zip(self.ptrs, self.nbytes)]
+        for i, (a0, a1) in enumerate(spans):
+            if not self.outputs[i] or a0 == a1:
+                continue
+            for j, (b0, b1) in enumerate(spans):
+                if j != i and b0 != b1 and not (j < i and self.outputs[j]) and a0 < b1 and b0 < a1:
+                    return self.names[i], self.names[j]
+        return None
+
     def clear(self) -> None:
         n = len(self.names)
         self.pinned, self.ptrs, self.stage, self.valid = [None] * n, [0] * n, [None] * n, False
@@ -295,6 +306,10 @@ class Runtime:
             b = self._bindings
             if b.bind(arrays):
                 b.valid = False
+                clash = b.overlapping()
+                if clash is not None:
+                    raise XnnpackError(f"external values {clash[0]} and {clash[1]} overlap (an output must have "
+                                       "memory of its own)")
                 for i, ptr in enumerate(b.ptrs):
                     self._ext[i].data = ptr
                 self.lib.check(self.lib.xnn.xnn_setup_runtime(handle, len(b.ptrs), self._ext), "xnn_setup_runtime")
