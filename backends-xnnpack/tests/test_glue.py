@@ -291,3 +291,15 @@ def test_runtime_refuses_an_output_that_overlaps_another_external_value(path):
     rt.run_list([base[:8], base[8:16]])  # adjacent, not overlapping
     np.testing.assert_array_equal(base[8:16], np.clip(base[:8], 0, 6))
     rt.close()
+
+
+def test_backend_says_when_the_python_path_runs(monkeypatch):
+    """Available either way; without the C glue ``edgeport backends`` / ``doctor`` show why calls are slower."""
+    from edgeport_xnnpack import _native_run, plugin
+
+    if GLUE_BUILT:
+        assert plugin._is_available() == (True, "")
+    monkeypatch.setattr(_native_run, "_glue", None)
+    monkeypatch.setattr(_native_run, "_GLUE_WHY", "the C extension edgeport_xnnpack._glue is not built (test)")
+    ok, note = plugin._is_available()
+    assert ok and note == "per-call work in Python, slower: the C extension edgeport_xnnpack._glue is not built (test)"

@@ -21,6 +21,13 @@ class Unavailable:
                                  is_available=lambda: (False, "libneedssdk.so not found: apt-get install needssdk")))
 
 
+class AvailableWithNote:
+    @edgeport.hookimpl
+    def edgeport_register_backends(self, registry):
+        registry.add(BackendSpec(backend_id="Noted", version="1.0", preprocess=lambda e, s: PreprocessResult(),
+                                 is_available=lambda: (True, "slow path: the C helper is not built")))
+
+
 class Broken:
     @edgeport.hookimpl
     def edgeport_register_backends(self, registry):
@@ -163,6 +170,17 @@ def test_doctor_reports_unavailable_backends_with_their_reason(fresh_plugins, ca
     cli.main(["doctor"])
     out = capsys.readouterr().out
     assert "PROBLEM backend NeedsSdk (script) is unavailable: libneedssdk.so not found: apt-get install needssdk" in out
+
+
+def test_available_backends_show_their_note(fresh_plugins, capsys):
+    """``is_available`` may return a note with ``True`` (e.g. a slower fallback in use): listed, not a problem."""
+    edgeport.register_plugin(AvailableWithNote(), name="noted")
+    cli.main(["backends"])
+    assert "available (slow path: the C helper is not built)" in capsys.readouterr().out
+    cli.main(["doctor"])
+    out = capsys.readouterr().out
+    assert "backend Noted: available (slow path: the C helper is not built)" in out
+    assert "PROBLEM backend Noted" not in out
 
 
 @needs_example

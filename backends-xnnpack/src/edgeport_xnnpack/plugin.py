@@ -42,9 +42,15 @@ def _int8_quantizer(**options: Any) -> Any:
 
 
 def _is_available() -> tuple[bool, str]:
-    from edgeport_xnnpack.native import is_available
+    """The libraries' availability; when available but the C glue is not built, a note saying so."""
+    from edgeport_xnnpack.native import glue_status, is_available
 
-    return is_available()
+    ok, why = is_available()
+    if ok:
+        kind, why_python = glue_status()
+        if kind != "c":
+            return True, f"per-call work in Python, slower: {why_python}"
+    return ok, why
 
 
 @edgeport.hookimpl

@@ -39,8 +39,11 @@ def _availability(spec: registry.BackendSpec) -> tuple[bool, str]:
 
 
 def _availability_text(spec: registry.BackendSpec) -> str:
+    """``available`` (with the backend's note, if it gave one) or ``unavailable: <reason>``."""
     ok, reason = _availability(spec)
-    return "available" if ok else f"unavailable: {reason or 'no reason given'}"
+    if ok:
+        return f"available ({reason})" if reason else "available"
+    return f"unavailable: {reason or 'no reason given'}"
 
 
 def _op_count(spec: registry.BackendSpec) -> int | str:
@@ -123,7 +126,10 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if not rows:
         print("no backends installed (pip install edgeport-example, edgeport-xnnpack, ...)")
     for r in rows:
-        status = "available" if r["available"] else f"unavailable: {r['reason'] or 'no reason given'}"
+        if r["available"]:
+            status = f"available ({r['reason']})" if r["reason"] else "available"
+        else:
+            status = f"unavailable: {r['reason'] or 'no reason given'}"
         print(f"{r['backend_id']}  version {r['version']}  distribution {r['distribution'] or '(script)'}  "
               f"plugin {r['plugin']}  ops {r['ops']}  {status}")
     for e in skipped:
@@ -224,7 +230,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for spec in registry.list_backends():
         ok, reason = _availability(spec)
         if ok:
-            print(f"backend {spec.backend_id}: available")
+            print(f"backend {spec.backend_id}: {_availability_text(spec)}")
         else:
             problem(f"backend {spec.backend_id} ({spec.distribution or 'script'}) is unavailable: "
                     f"{reason or 'no reason given'}")
