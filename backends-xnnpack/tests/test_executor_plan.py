@@ -11,7 +11,7 @@ from edgeport.errors import RuntimeExecutionError
 from edgeport_xnnpack import native
 from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._plan import shuffle_dims, squeeze_perm
-from edgeport_xnnpack.runtime import XnnpackExecutor, _Native, _Shuffle
+from edgeport_xnnpack.runtime import NativeStep, ShuffleStep, XnnpackExecutor
 from edgeport_xnnpack.schema import ConstantDataOffset, Graph, TensorValue, XNode, serialize
 from edgeport_xnnpack.schema.graph import INVALID_ID
 
@@ -115,7 +115,7 @@ def test_setup_runs_only_when_a_pointer_changes():
     ex = XnnpackExecutor(num_threads=1)
     h = ex.init(memoryview(blob), [])
     try:
-        natives = [s.runtime for s in h.steps if isinstance(s, _Native)]
+        natives = [s.runtime for s in h.steps if isinstance(s, NativeStep)]
         x = np.random.default_rng(3).standard_normal((1, S, D), dtype=np.float32)
         outs = [np.empty((S, 1, D), np.float32), np.empty((1, S, S), np.float32)]
         for _ in range(3):
@@ -159,7 +159,7 @@ def test_nchw_transposes_run_as_channel_shuffles_and_are_freed():
     _, blob, w, bias = conv_relu_graph()
     ex = XnnpackExecutor(num_threads=2)
     h = ex.init(memoryview(blob), [])
-    ops = [s.op for s in h.steps if isinstance(s, _Shuffle)]
+    ops = [s.op for s in h.steps if isinstance(s, ShuffleStep)]
     assert len(ops) == 2 and all(op.handle for op in ops)
     x = np.random.default_rng(4).standard_normal((1, 2, 5, 5), dtype=np.float32)
     out = np.empty((1, 4, 5, 5), np.float32)

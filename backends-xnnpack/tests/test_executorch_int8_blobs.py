@@ -20,7 +20,7 @@ from edgeport.errors import ProgramError
 from edgeport.program import load_pte
 from edgeport_xnnpack._native_run import glue_status
 from edgeport_xnnpack._rewrite_int8 import int8_mean
-from edgeport_xnnpack.runtime import XnnpackExecutor, _Shuffle
+from edgeport_xnnpack.runtime import ShuffleStep, XnnpackExecutor
 from edgeport_xnnpack.schema.graph import INVALID_ID, QCINT8, QINT8, PerChannelQuant, PerTensorQuant
 from edgeport_xnnpack.schema.reader import read_blob
 from edgeport_xnnpack.schema.writer import serialize
@@ -131,7 +131,7 @@ def test_int8_fully_connected_runs_natively_as_a_1x1_convolution(mlp_blob):
 
 def _int8_shuffles(handle) -> list[int]:
     """The element sizes of the handle's channel-shuffle operator steps."""
-    return [s.op.element_size for s in handle.steps if isinstance(s, _Shuffle)]
+    return [s.op.element_size for s in handle.steps if isinstance(s, ShuffleStep)]
 
 
 def test_int8_mobilenet_v2_matches_executorch():

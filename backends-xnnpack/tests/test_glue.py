@@ -303,3 +303,51 @@ def test_backend_says_when_the_python_path_runs(monkeypatch):
     monkeypatch.setattr(_native_run, "_GLUE_WHY", "the C extension edgeport_xnnpack._glue is not built (test)")
     ok, note = plugin._is_available()
     assert ok and note == "per-call work in Python, slower: the C extension edgeport_xnnpack._glue is not built (test)"
+
+
+def test_direct_path_refuses_what_the_general_path_refuses_in_out(cnn):
+    """``out`` of the wrong length or type is refused by the executor's checks, never used as scratch memory."""
+    model, x, _, delegate = cnn
+    ex, handle = delegate.executor, delegate.handle
+    internal = next(iter(handle.buffers.values()))
+    y = np.empty((1, 5), np.float32)
+    bad_outs = [[], [y, np.empty_like(internal)], [np.ma.masked_array(np.empty((1, 5), np.float32))],
+                [memoryview(np.empty((1, 5), np.float32))]]
+    for out in bad_outs:
+        with pytest.raises(RuntimeExecutionError, match="out"):
+            ex.execute(handle, [x.numpy()], out=out)
+    res = ex.execute(handle, [x.numpy()], out=[None])  # None: a fresh array, through the general path
+    assert rel_err(res[0], eager(model, (x,))) < 1e-5
+
+
+def test_destroy_waits_for_a_running_call_and_later_calls_fail_cleanly():
+    import threading
+
+    from edgeport_xnnpack.runtime import XnnpackExecutor
+
+    torch.manual_seed(1)
+    model, x = SmallCnn().eval(), torch.randn(1, 3, 12, 12)
+    _, pte, _ = lower_edgeport(model, (x,))
+    from edgeport.program import load_pte
+
+    ex = XnnpackExecutor(num_threads=2)
+    handle = ex.init(load_pte(pte).delegate_data(0, 0), [])
+    want = eager(model, (x,))
+    results: list[object] = []
+
+    def loop() -> None:
+        for _ in range(200):
+            try:
+                out = ex.execute(handle, [x.numpy()], out=[np.empty((1, 5), np.float32)])
+                results.append(rel_err(out[0], want))
+            except RuntimeExecutionError as exc:
+                results.append(str(exc))
+
+    t = threading.Thread(target=loop)
+    t.start()
+    ex.destroy(handle)  # takes the executor's lock: never closes a step under a running call
+    t.join(30)
+    assert not handle.alive and handle.pool is None and handle.steps == [] and handle.direct is None
+    assert results and all(r < 1e-5 if isinstance(r, float) else "live handle" in r for r in results)
+    with pytest.raises(RuntimeExecutionError, match="live handle"):
+        ex.execute(handle, [x.numpy()])

@@ -17,7 +17,7 @@ class Probe:
         """``lean``: time only the XNNPACK library calls (for the outside-XNNPACK share: the other wrappers
         cost time outside XNNPACK themselves)."""
         from edgeport_xnnpack import native
-        from edgeport_xnnpack.runtime import XnnpackHandle, _Host, _Native, _Shuffle
+        from edgeport_xnnpack.runtime import HostStep, NativeStep, ShuffleStep, XnnpackHandle
 
         self.method = method
         plan = method._plan
@@ -40,7 +40,7 @@ class Probe:
         # the C glue the library is called from C, which sums the time inside each call itself (two
         # clock_gettime calls; nothing in Python): read before and after each run by `begin` / `end`.
         self.glue = [s.glue()[0] for d in self.delegates for s in d.handle.steps
-                     if isinstance(s, (_Native, _Shuffle)) and s.glue() is not None]
+                     if isinstance(s, (NativeStep, ShuffleStep)) and s.glue() is not None]
         timed = {"xnn_setup_runtime": "xnn_setup", "xnn_invoke_runtime": "xnn_invoke",
                  "xnn_setup_channel_shuffle_nc_x32": "xnn_setup", "xnn_run_operator": "xnn_invoke"}
         originals = {name: getattr(xnn, name) for name in timed if hasattr(xnn, name)}
@@ -97,9 +97,9 @@ class Probe:
                 d.handle.direct = direct
                 self._undo.append(lambda h=d.handle, f=direct0: setattr(h, "direct", f))
             for step in d.handle.steps:
-                if isinstance(step, (_Native, _Shuffle)):
-                    obj, name = (step.runtime, "run_list") if isinstance(step, _Native) else (step.op, "run")
-                    if isinstance(step, _Native):
+                if isinstance(step, (NativeStep, ShuffleStep)):
+                    obj, name = (step.runtime, "run_list") if isinstance(step, NativeStep) else (step.op, "run")
+                    if isinstance(step, NativeStep):
                         self.natives.append(step.runtime)
                     else:
                         self.operators.append(step.op)
@@ -113,7 +113,7 @@ class Probe:
 
                     setattr(obj, name, run)
                     self._undo.append(lambda obj=obj, name=name: obj.__dict__.pop(name, None))
-                elif isinstance(step, _Host):
+                elif isinstance(step, HostStep):
                     label = step.label
                     self.host_labels.append(label)
                     seg = step.segment
@@ -166,11 +166,11 @@ class Probe:
 
     def summary(self) -> dict[str, Any]:
         steps = {"delegates": len(self.delegates), "native": 0, "host": 0, "operator": 0}
-        from edgeport_xnnpack.runtime import _Native, _Shuffle
+        from edgeport_xnnpack.runtime import NativeStep, ShuffleStep
 
         for d in self.delegates:
             for s in d.handle.steps:
-                steps["native" if isinstance(s, _Native) else "operator" if isinstance(s, _Shuffle) else "host"] += 1
+                steps["native" if isinstance(s, NativeStep) else "operator" if isinstance(s, ShuffleStep) else "host"] += 1
         return steps
 
 

@@ -6,7 +6,9 @@ each step's C binding (:class:`edgeport_xnnpack._glue.Binding`) its arrays. The 
 executor's general path checks -- every delegate input and output is bound by some step and expected as a
 C-contiguous float32 array of its exact dims (outputs writable) -- and raise ``ValueError`` otherwise; the
 executor then runs its general path, which converts what it can (lists, strided arrays) or raises the precise
-error. Nothing is bound or run for an argument that fails a check: the checks come before each step's setup.
+error. ``out`` must hold exactly one numpy array per output (checked first; a ``None`` entry or another type
+goes to the general path before any step runs); an input a later step refuses may leave earlier steps run
+once more by the general path, which rewrites everything they wrote.
 """
 
 from __future__ import annotations
@@ -60,8 +62,15 @@ def direct_call(inputs: Sequence[tuple[int, tuple[int, ...]]], outputs: Sequence
         binding.expect(k, "f", dims)  # float32 of these dims (what the general path checks)
     run_steps = tuple(plan)
     own_tail = tuple(own)
+    n_in, n_out = len(inputs), len(outputs)
+    ndarray = np.ndarray
 
     def call(ins: Sequence[Any], out: list[Any]) -> None:
+        if len(ins) != n_in or len(out) != n_out:
+            raise ValueError(f"expected {n_in} inputs and {n_out} outputs")
+        for a in out:
+            if type(a) is not ndarray:  # None (a fresh array wanted) or not a plain numpy array
+                raise ValueError("out entries must be numpy arrays")
         slots = [*ins, *out, *own_tail]
         for run, args_of in run_steps:
             run(args_of(slots))

@@ -49,6 +49,7 @@ typedef struct {
     Py_ssize_t element_size; /* channel shuffle: bytes per element (1 or 4) */
     Py_ssize_t n;
     external_value *ext;
+    void **next; /* per slot: the address this call binds; copied to ext only once every check has passed */
     Py_ssize_t *nbytes;
     char *is_output;
     void **stage; /* padded staging copies of inputs near a page end (malloc'd on demand) */
@@ -80,6 +81,8 @@ static void binding_free_memory(Binding *self) {
     self->ndim = NULL;
     self->shape = NULL;
     PyMem_Free(self->ext);
+    PyMem_Free(self->next);
+    self->next = NULL;
     PyMem_Free(self->nbytes);
     PyMem_Free(self->is_output);
     PyMem_Free(self->stage);
@@ -248,7 +251,7 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
     external_value *ext = NULL;
     Py_ssize_t *nbs = NULL, *ndim = NULL, **shape = NULL;
     char *is_output = NULL, *fmt = NULL;
-    void **stage = NULL;
+    void **stage = NULL, **next = NULL;
     Py_buffer *views = NULL;
     int ok = 0;
     if (!out_f) goto done;
@@ -257,19 +260,21 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "ids, nbytes and outputs must have the same length");
         goto done;
     }
-    if (n < 1 || n > MAX_SLOTS || (kind == KIND_SHUFFLE && n != 2)) {
+    if (n < 0 || n > MAX_SLOTS || (kind == KIND_SHUFFLE && n != 2)) {
         PyErr_Format(PyExc_ValueError, "bad number of external values: %zd", n);
         goto done;
     }
-    ext = PyMem_Calloc((size_t)n, sizeof(external_value));
-    nbs = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    is_output = PyMem_Calloc((size_t)n, 1);
-    stage = PyMem_Calloc((size_t)n, sizeof(void *));
-    views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
-    fmt = PyMem_Calloc((size_t)n, 1);
-    ndim = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t));
-    shape = PyMem_Calloc((size_t)n, sizeof(Py_ssize_t *));
-    if (!ext || !nbs || !is_output || !stage || !views || !fmt || !ndim || !shape) {
+    size_t slots = (size_t)(n ? n : 1); /* a runtime may have no external value at all */
+    ext = PyMem_Calloc(slots, sizeof(external_value));
+    next = PyMem_Calloc(slots, sizeof(void *));
+    nbs = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    is_output = PyMem_Calloc(slots, 1);
+    stage = PyMem_Calloc(slots, sizeof(void *));
+    views = PyMem_Calloc(slots, sizeof(Py_buffer));
+    fmt = PyMem_Calloc(slots, 1);
+    ndim = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    shape = PyMem_Calloc(slots, sizeof(Py_ssize_t *));
+    if (!ext || !next || !nbs || !is_output || !stage || !views || !fmt || !ndim || !shape) {
         PyErr_NoMemory();
         goto done;
     }
@@ -311,6 +316,7 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
     self->extra = (size_t)extra;
     self->page = (size_t)page;
     self->ext = ext;
+    self->next = next;
     self->nbytes = nbs;
     self->is_output = is_output;
     self->stage = stage;
@@ -329,6 +335,7 @@ done:
     Py_XDECREF(out_f);
     if (!ok) {
         PyMem_Free(ext);
+        PyMem_Free(next);
         PyMem_Free(nbs);
         PyMem_Free(is_output);
         PyMem_Free(stage); /* all NULL: nothing was staged yet */
@@ -436,8 +443,13 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
         Py_buffer *v = &self->views[i];
         int flags = PyBUF_C_CONTIGUOUS | (self->is_output[i] ? PyBUF_WRITABLE : 0) | (self->fmt[i] ? PyBUF_FORMAT : 0);
         if (PyObject_GetBuffer(item, v, flags) != 0) {
-            PyErr_Clear();
-            bad_buffer(self, i, item);
+            /* an object that is no fitting buffer becomes our message; anything else (MemoryError,
+             * KeyboardInterrupt from a Python exporter) propagates as it is */
+            if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
+                PyErr_ExceptionMatches(PyExc_ValueError)) {
+                PyErr_Clear();
+                bad_buffer(self, i, item);
+            }
             failed = 1;
             break;
         }
@@ -463,11 +475,10 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             memcpy(self->stage[i], v->buf, (size_t)v->len);
             ptr = self->stage[i];
         }
-        if (ptr != self->ext[i].data) {
-            self->ext[i].data = ptr;
-            changed = 1;
-        }
+        self->next[i] = ptr;
     }
+    for (Py_ssize_t i = 0; i < got && !failed; i++) /* got == n unless a buffer was refused */
+        if (self->next[i] != self->ext[i].data) changed = 1;
     int status = 0;
     const char *call = NULL;
     if (!failed && self->handle == NULL) { /* cannot happen (close refuses while busy); never call through NULL */
@@ -482,7 +493,7 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             uintptr_t a = (uintptr_t)self->views[i].buf;
             size_t la = (size_t)self->views[i].len;
             for (Py_ssize_t j = 0; j < n; j++) {
-                uintptr_t b = (uintptr_t)self->ext[j].data; /* a staged input: its copy, taken before the call */
+                uintptr_t b = (uintptr_t)self->next[j]; /* a staged input: its copy, taken before the call */
                 size_t lb = (size_t)self->views[j].len;
                 if (j == i || lb == 0 || (j < i && self->is_output[j])) continue; /* each output pair once */
                 if (a < b + lb && b < a + la) {
@@ -505,6 +516,7 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
     if (!failed) {
         if (changed) {
             self->valid = 0;
+            for (Py_ssize_t i = 0; i < n; i++) self->ext[i].data = self->next[i]; /* every check passed */
             call = self->kind == KIND_RUNTIME       ? "xnn_setup_runtime"
                    : self->element_size == 1        ? "xnn_setup_channel_shuffle_nc_x8"
                                                     : "xnn_setup_channel_shuffle_nc_x32";
@@ -534,7 +546,7 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
         }
     }
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&self->views[i]);
-    if (failed) self->valid = 0; /* some pointers may have been replaced: set up again next time */
+    /* a refused call changed nothing: ext still holds the pointers of the last successful setup */
     Py_DECREF(seq);
     self->busy = 0;
     if (failed) return NULL;

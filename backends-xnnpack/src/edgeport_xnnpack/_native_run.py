@@ -4,7 +4,9 @@ operator (:class:`ChannelShuffle`), with checked, cached external-buffer binding
 
 The per-call work (check and bind the buffers, set up when a pointer changed, invoke) runs in the C extension
 ``edgeport_xnnpack._glue`` when it was built (``pip install`` compiles it; it needs a C compiler), else in the
-equivalent Python :class:`_Bindings`. Both refuse the same inputs; the C path costs a few microseconds per call
+equivalent Python :class:`_Bindings`. Both refuse the same numpy arrays with the same messages (the C path also
+takes any other C-contiguous buffer of the right size, such as ``bytes`` for an input); the C path costs a few
+microseconds per call
 instead of tens right after XNNPACK has run with the interpreter's caches cold. :func:`glue_status` tells which
 path runs; ``EDGEPORT_XNNPACK_GLUE=python`` forces the Python one.
 """
@@ -136,7 +138,7 @@ class _Bindings:
             pinned, ptrs, nbytes, outputs, i = self.pinned, self.ptrs, self.nbytes, self.outputs, 0
             seen = self.seen
             for a in arrays:
-                if a is pinned[i]:
+                if a is pinned[i] and (not outputs[i] or a.flags.writeable):
                     ptr = self.pinned_ptr[i]
                     seen[i] = None
                 elif seen[i] is not None and seen[i]() is a and (not outputs[i] or a.flags.writeable):
@@ -208,6 +210,14 @@ class _Held:
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
+
+
+def _close_glue(glue: Any) -> None:
+    """Close a C binding; it refuses (``RuntimeError``) while a call runs in another thread."""
+    try:
+        glue.close()
+    except RuntimeError as exc:
+        raise XnnpackError(str(exc)) from None
 
 
 _RUNNING = "this XNNPACK runtime is already running (calls must not overlap)"
@@ -296,8 +306,8 @@ class Runtime:
         if c is not None:
             try:
                 c.run(arrays)
-            except ValueError as exc:
-                raise XnnpackError(str(exc)) from None
+            except (ValueError, RuntimeError) as exc:  # refused argument; running / deleted state
+                raise exc if isinstance(exc, XnnpackError) else XnnpackError(str(exc)) from None
             return
         with self._busy.hold(_RUNNING):
             handle = self.handle
@@ -322,7 +332,7 @@ class Runtime:
     def close(self) -> None:
         c = getattr(self, "glue", None)
         if c is not None:
-            c.close()  # raises if a call is running in another thread
+            _close_glue(c)
         with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
             if self.handle:
                 self.lib.xnn.xnn_delete_runtime(self.handle)
@@ -391,7 +401,8 @@ class ChannelShuffle:
                 self._bindings.pin(i, a)
 
     def run(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """``dst`` (any 4-byte dtype, exact byte size, writable) = the shuffled ``src``; they must not overlap."""
+        """``dst`` (elements of ``element_size`` bytes, exact byte size, writable) = the shuffled ``src``; they must
+        not overlap."""
         handle = self.handle
         if not handle:
             raise XnnpackError("the channel shuffle operator was deleted")
@@ -399,8 +410,8 @@ class ChannelShuffle:
         if c is not None:
             try:
                 c.run((src, dst))
-            except ValueError as exc:
-                raise XnnpackError(str(exc)) from None
+            except (ValueError, RuntimeError) as exc:  # refused argument; running / deleted state
+                raise exc if isinstance(exc, XnnpackError) else XnnpackError(str(exc)) from None
             return
         with self._busy.hold(_RUNNING):
             handle = self.handle
@@ -426,7 +437,7 @@ class ChannelShuffle:
     def close(self) -> None:
         c = getattr(self, "glue", None)
         if c is not None:
-            c.close()
+            _close_glue(c)
         with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
             if self.handle:
                 self.lib.xnn.xnn_delete_operator(self.handle)

@@ -14,11 +14,11 @@ from edgeport_xnnpack import native
 from edgeport_xnnpack._direct import DirectCall
 from edgeport_xnnpack._host import HostSegment
 
-__all__ = ["XnnpackHandle", "_Host", "_Native", "_Shuffle"]
+__all__ = ["XnnpackHandle", "HostStep", "NativeStep", "ShuffleStep"]
 
 
 @dataclass
-class _Native:
+class NativeStep:
     """A native XNNPACK runtime; ``vids`` = the blob value bound to each of its external ids, in order."""
 
     runtime: native.Runtime
@@ -36,7 +36,7 @@ class _Native:
 
 
 @dataclass
-class _Host:
+class HostStep:
     """A numpy host segment (see :class:`~edgeport_xnnpack._host.HostSegment`)."""
 
     segment: HostSegment
@@ -53,7 +53,7 @@ class _Host:
 
 
 @dataclass
-class _Shuffle:
+class ShuffleStep:
     """A 2-D transpose run by XNNPACK's channel-shuffle operator."""
 
     op: native.ChannelShuffle
@@ -77,7 +77,7 @@ class XnnpackHandle:
 
     inputs: list[tuple[int, tuple[int, ...]]]   # (value id, dims) in call order
     outputs: list[tuple[int, tuple[int, ...]]]
-    steps: list[_Native | _Host | _Shuffle]
+    steps: list[NativeStep | HostStep | ShuffleStep]
     buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
     pool: native.ThreadPool | None
     summary: dict[str, int] = field(default_factory=dict)

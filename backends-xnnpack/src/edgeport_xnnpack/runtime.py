@@ -32,7 +32,7 @@ from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
-from edgeport_xnnpack._steps import XnnpackHandle, _Host, _Native, _Shuffle
+from edgeport_xnnpack._steps import HostStep, NativeStep, ShuffleStep, XnnpackHandle
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.schema.graph import (
@@ -174,7 +174,7 @@ class _Planner:
         buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
         for vid in sorted(crossing - set(outputs) - set(buffers)):
             buffers[vid] = native.padded_empty(self.dims[vid], _NP[self.values[vid].datatype])
-        steps: list[_Native | _Host | _Shuffle] = []
+        steps: list[NativeStep | HostStep | ShuffleStep] = []
         external = set(inputs) | crossing
         try:
             for gi, (side, idx) in enumerate(groups):
@@ -186,10 +186,10 @@ class _Planner:
                 else:
                     steps.append(self._host(group, external))
             for step in steps:  # the executor's own buffers are checked once, here
-                if isinstance(step, _Native):
+                if isinstance(step, NativeStep):
                     step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
                                       if v in buffers})
-                elif isinstance(step, _Shuffle):
+                elif isinstance(step, ShuffleStep):
                     step.op.pin(buffers.get(step.src), buffers.get(step.dst))
         except BaseException as exc:
             for step in steps:
@@ -199,7 +199,7 @@ class _Planner:
             raise
         return steps, buffers
 
-    def _host(self, group: list[XNode], materialize: set[int]) -> _Host:
+    def _host(self, group: list[XNode], materialize: set[int]) -> HostStep:
         ops = []
         for n in group:
             try:
@@ -207,20 +207,20 @@ class _Planner:
             except ValueError as exc:
                 raise _fail(f"{n.kind}: {exc}") from exc
         kinds = sorted({n.kind.removeprefix("XNN") for n in group})
-        return _Host(HostSegment(group, ops, materialize, self.dims.__getitem__),
+        return HostStep(HostSegment(group, ops, materialize, self.dims.__getitem__),
                      f"host[{len(group)} nodes: {', '.join(kinds)}]")
 
-    def _shuffle(self, n: XNode, sd: tuple[int, int, int], pool: native.ThreadPool | None) -> _Shuffle:
+    def _shuffle(self, n: XNode, sd: tuple[int, int, int], pool: native.ThreadPool | None) -> ShuffleStep:
         try:
             size = shuffle_element_size(self.values[n.get("input_id")], self.values[n.get("output_id")])
             op = native.ChannelShuffle(*sd, pool=pool, element_size=size or 4)
         except native.XnnpackError as exc:
             raise _fail(f"{n.kind}: {exc}") from exc
-        return _Shuffle(op, n.get("input_id"), n.get("output_id"),
+        return ShuffleStep(op, n.get("input_id"), n.get("output_id"),
                         f"channel_shuffle[{'x'.join(map(str, self.dims[n.get('input_id')]))} perm "
                         f"{list(n.get('perm'))}]")
 
-    def _segment(self, gi: int, nodes: list[XNode], external: set[int], pool: native.ThreadPool | None) -> _Native:
+    def _segment(self, gi: int, nodes: list[XNode], external: set[int], pool: native.ThreadPool | None) -> NativeStep:
         used: list[int] = []
         seen: set[int] = set()
         for n in nodes:
@@ -261,7 +261,7 @@ class _Planner:
         finally:
             sg.close()
         by_ext = dict(bind)
-        return _Native(runtime, [by_ext[k] for k in runtime.order], f"xnnpack[{len(nodes)} nodes]")
+        return NativeStep(runtime, [by_ext[k] for k in runtime.order], f"xnnpack[{len(nodes)} nodes]")
 
     @staticmethod
     def _define(sg: native.Subgraph, v: TensorValue, dims: tuple[int, ...], data: np.ndarray | None, ext: int,
@@ -333,17 +333,21 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
             raise _fail(str(exc)) from exc
     threads = num_threads or options.num_threads
     pool = native.shared_pools.acquire(threads) if threads != 1 else None
+    ins, outs = [(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs]
+    steps: list[NativeStep | HostStep | ShuffleStep] = []
     try:
         steps, buffers = planner.plan(inputs, outputs, pool)
+        direct = direct_call(ins, outs, steps, buffers)
     except BaseException:
+        for step in steps:
+            step.close()
         if pool is not None:
             native.shared_pools.release(pool)
         raise
-    summary = {"native_steps": sum(isinstance(s, _Native) for s in steps),
-               "host_steps": sum(isinstance(s, _Host) for s in steps),
-               "operator_steps": sum(isinstance(s, _Shuffle) for s in steps), "nodes": len(graph.nodes)}
-    ins, outs = [(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs]
-    return XnnpackHandle(ins, outs, steps, buffers, pool, summary, direct=direct_call(ins, outs, steps, buffers))
+    summary = {"native_steps": sum(isinstance(s, NativeStep) for s in steps),
+               "host_steps": sum(isinstance(s, HostStep) for s in steps),
+               "operator_steps": sum(isinstance(s, ShuffleStep) for s in steps), "nodes": len(graph.nodes)}
+    return XnnpackHandle(ins, outs, steps, buffers, pool, summary, direct=direct)
 
 
 class XnnpackExecutor(RuntimeExecutor):
@@ -375,6 +379,8 @@ class XnnpackExecutor(RuntimeExecutor):
         direct = handle.direct
         if direct is not None and type(out) is list:
             with self._lock:
+                if not handle.alive:  # destroyed meanwhile (destroy takes this lock)
+                    raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
                 try:
                     direct(inputs, out)
                     return out
@@ -412,6 +418,8 @@ class XnnpackExecutor(RuntimeExecutor):
             k += 1
         step = None
         with self._lock:
+            if not handle.alive:
+                raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
             try:
                 for step in handle.steps:
                     step.run(env)
@@ -421,15 +429,19 @@ class XnnpackExecutor(RuntimeExecutor):
         return results
 
     def destroy(self, handle: XnnpackHandle) -> None:
-        if not isinstance(handle, XnnpackHandle) or not handle.alive:
+        if not isinstance(handle, XnnpackHandle):
             return
-        handle.alive = False
-        for step in handle.steps:
-            step.close()
-        handle.steps, handle.buffers = [], {}
-        if handle.pool is not None:
-            native.shared_pools.release(handle.pool)
-            handle.pool = None
+        with self._lock:  # never under a running call of this executor
+            if not handle.alive:
+                return
+            handle.alive = False
+            handle.direct = None
+            for step in handle.steps:
+                step.close()
+            handle.steps, handle.buffers = [], {}
+            if handle.pool is not None:
+                native.shared_pools.release(handle.pool)
+                handle.pool = None
 
 
 _F32 = np.dtype(np.float32)

@@ -38,9 +38,8 @@ def _availability(spec: registry.BackendSpec) -> tuple[bool, str]:
     return bool(ok), str(reason or "")
 
 
-def _availability_text(spec: registry.BackendSpec) -> str:
+def _status_text(ok: bool, reason: str) -> str:
     """``available`` (with the backend's note, if it gave one) or ``unavailable: <reason>``."""
-    ok, reason = _availability(spec)
     if ok:
         return f"available ({reason})" if reason else "available"
     return f"unavailable: {reason or 'no reason given'}"
@@ -126,10 +125,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if not rows:
         print("no backends installed (pip install edgeport-example, edgeport-xnnpack, ...)")
     for r in rows:
-        if r["available"]:
-            status = f"available ({r['reason']})" if r["reason"] else "available"
-        else:
-            status = f"unavailable: {r['reason'] or 'no reason given'}"
+        status = _status_text(r["available"], r["reason"])
         print(f"{r['backend_id']}  version {r['version']}  distribution {r['distribution'] or '(script)'}  "
               f"plugin {r['plugin']}  ops {r['ops']}  {status}")
     for e in skipped:
@@ -230,7 +226,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for spec in registry.list_backends():
         ok, reason = _availability(spec)
         if ok:
-            print(f"backend {spec.backend_id}: {_availability_text(spec)}")
+            print(f"backend {spec.backend_id}: {_status_text(ok, reason)}")
         else:
             problem(f"backend {spec.backend_id} ({spec.distribution or 'script'}) is unavailable: "
                     f"{reason or 'no reason given'}")
