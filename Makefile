@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-all bench lint docs
+.PHONY: install demo test test-all bench bench-xnnpack lint docs
 
 install:
 	VENV=$(VENV) bash scripts/install.sh
@@ -18,6 +18,9 @@ test-all: install
 
 bench: install
 	$(PY) bench/lowering.py
+
+bench-xnnpack: install
+	$(PY) bench/xnnpack.py
 
 lint:
 	$(VENV)/bin/ruff check core plugins backends-xnnpack tests bench scripts
