@@ -38,7 +38,7 @@ class Probe:
         xnn = self.lib.xnn
         # inside XNNPACK: the runtime calls and, for channel-shuffle operator steps, the operator calls. With
         # the C glue the library is called from C, which sums the time inside each call itself (two
-        # clock_gettime calls; nothing in Python): read before and after each run by `begin` / `end`.
+        # clock_gettime calls; nothing in Python): read before and after each run by `timed_run`.
         self.glue = [s.glue()[0] for d in self.delegates for s in d.handle.steps
                      if isinstance(s, (NativeStep, ShuffleStep)) and s.glue() is not None]
         timed = {"xnn_setup_runtime": "xnn_setup", "xnn_invoke_runtime": "xnn_invoke",
@@ -138,17 +138,19 @@ class Probe:
     def _glue_ns(self) -> tuple[int, int]:
         return sum(b.setup_ns for b in self.glue), sum(b.run_ns for b in self.glue)
 
-    def begin(self) -> None:
-        """Before a timed run (outside its timed region): snapshot the C glue's counters."""
+    def timed_run(self, x_np: list[Any]) -> dict[str, float]:
+        """One ``method.execute``: its wall time (``total``) and what the timers summed during it. The C glue's
+        counters are read before and after, outside the timed region."""
+        self.acc.clear()
+        ns0 = self._glue_ns() if self.glue else (0, 0)
+        t = time.perf_counter()
+        self.method.execute(x_np)
+        total = time.perf_counter() - t
         if self.glue:
-            self._ns0 = self._glue_ns()
-
-    def end(self) -> None:
-        """After a timed run: add the time the C glue spent inside the library calls during it."""
-        if self.glue:
-            (s0, r0), (s1, r1) = self._ns0, self._glue_ns()
+            (s0, r0), (s1, r1) = ns0, self._glue_ns()
             self.acc["xnn_setup"] = self.acc.get("xnn_setup", 0.0) + (s1 - s0) * 1e-9
             self.acc["xnn_invoke"] = self.acc.get("xnn_invoke", 0.0) + (r1 - r0) * 1e-9
+        return {"total": total, **self.acc}
 
     def bare_setup(self) -> None:
         """The bare loop's calls: ``xnn_invoke_runtime`` of every native runtime and ``xnn_run_operator`` of every
@@ -190,15 +192,7 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
         probe.host.clear()
         prof.op_seconds.clear()
         prof.op_calls.clear()
-        for _ in range(reps):
-            probe.acc.clear()
-            probe.begin()
-            t = time.perf_counter()
-            method.execute(x_np)
-            total = time.perf_counter() - t
-            probe.end()
-            row = {"total": total, **probe.acc}
-            runs.append(row)
+        runs = [probe.timed_run(x_np) for _ in range(reps)]
         method.time_ops = False
         op_ms = {k: v / reps * 1e3 for k, v in prof.op_seconds.items()}
         host_ms = {k: v / reps * 1e3 for k, v in probe.host.items()}
@@ -211,14 +205,7 @@ def profile_edgeport(method: Any, x_np: list[Any], reps: int, gap_s: float = 0.0
         # the share outside XNNPACK, from a lean pass: only the library calls are timed, no op timing
         lean = Probe(method, lean=True)
         try:
-            for _ in range(reps):
-                lean.acc.clear()
-                lean.begin()
-                t = time.perf_counter()
-                method.execute(x_np)
-                total = time.perf_counter() - t
-                lean.end()
-                lean_runs.append({"total": total, **lean.acc})
+            lean_runs = [lean.timed_run(x_np) for _ in range(reps)]
         finally:
             lean.close()
     finally:

@@ -195,15 +195,11 @@ class _Busy:
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
-    def hold(self, message: str) -> _Held:
+    def hold(self, message: str) -> _Busy:
+        """Take the flag (``with busy.hold(msg):``), or raise ``XnnpackError(message)`` if it is taken."""
         if not self._lock.acquire(blocking=False):
             raise XnnpackError(message)
-        return _Held(self._lock)
-
-
-class _Held:
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
+        return self
 
     def __enter__(self) -> None:
         return None
@@ -212,12 +208,48 @@ class _Held:
         self._lock.release()
 
 
-def _close_glue(glue: Any) -> None:
-    """Close a C binding; it refuses (``RuntimeError``) while a call runs in another thread."""
-    try:
-        glue.close()
-    except RuntimeError as exc:
-        raise XnnpackError(str(exc)) from None
+class _NativeObject:
+    """What :class:`Runtime` and :class:`ChannelShuffle` share: the C glue call (its refusals as
+    ``XnnpackError``), the setup counter, and closing (refused while a call runs, on either path)."""
+
+    handle: int | None
+    glue: Any
+    _setups: int
+    _bindings: _Bindings
+
+    @property
+    def setups(self) -> int:
+        """How many times the runtime / operator was set up (diagnostics)."""
+        return self.glue.setups if self.glue is not None else self._setups
+
+    def _glue_run(self, arrays: Sequence[Any]) -> None:
+        try:
+            self.glue.run(arrays)
+        except (ValueError, RuntimeError) as exc:  # refused argument; running / deleted state
+            raise exc if isinstance(exc, XnnpackError) else XnnpackError(str(exc)) from None
+
+    def _delete(self, handle: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        glue = getattr(self, "glue", None)
+        if glue is not None:
+            try:
+                glue.close()  # refuses (RuntimeError) while a call runs in another thread
+            except RuntimeError as exc:
+                raise XnnpackError(str(exc)) from None
+        with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
+            if getattr(self, "handle", None):
+                self._delete(self.handle)
+            self.handle = None
+            if hasattr(self, "_bindings"):
+                self._bindings.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 _RUNNING = "this XNNPACK runtime is already running (calls must not overlap)"
@@ -231,7 +263,7 @@ def _address(a: np.ndarray, writeable: bool) -> int:
     return a.ctypes.data
 
 
-class Runtime:
+class Runtime(_NativeObject):
     """An ``xnn_runtime_t`` built from a :class:`Subgraph`; owns what XNNPACK still points to after creation.
 
     Static data that XNNPACK packs at creation (convolution / fully-connected filters and biases read by no
@@ -265,11 +297,6 @@ class Runtime:
             _fn_address(self._xnn.xnn_invoke_runtime), self.order, self._bindings.nbytes, self._bindings.outputs,
             EXTRA_BYTES, _PAGE, _raise_status)
 
-    @property
-    def setups(self) -> int:
-        """How many times ``xnn_setup_runtime`` ran (diagnostics)."""
-        return self.glue.setups if self.glue is not None else self._setups
-
     def pin(self, buffers: dict[int, np.ndarray]) -> None:
         """Check once arrays that :meth:`run_list` will get for these external ids on every call (see
         ``_Bindings.pin``); they are referenced until :meth:`close`."""
@@ -302,12 +329,8 @@ class Runtime:
         handle = self.handle
         if not handle:
             raise XnnpackError("the runtime was deleted")
-        c = self.glue
-        if c is not None:
-            try:
-                c.run(arrays)
-            except (ValueError, RuntimeError) as exc:  # refused argument; running / deleted state
-                raise exc if isinstance(exc, XnnpackError) else XnnpackError(str(exc)) from None
+        if self.glue is not None:
+            self._glue_run(arrays)
             return
         with self._busy.hold(_RUNNING):
             handle = self.handle
@@ -329,25 +352,12 @@ class Runtime:
             if status:
                 self.lib.check(status, "xnn_invoke_runtime")
 
-    def close(self) -> None:
-        c = getattr(self, "glue", None)
-        if c is not None:
-            _close_glue(c)
-        with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
-            if self.handle:
-                self.lib.xnn.xnn_delete_runtime(self.handle)
-            self.handle = None
-            self.keep = {}
-            self._bindings.clear()
-
-    def __del__(self) -> None:  # pragma: no cover - safety net
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
+    def _delete(self, handle: int) -> None:
+        self.lib.xnn.xnn_delete_runtime(handle)
+        self.keep = {}
 
 
-class ChannelShuffle:
+class ChannelShuffle(_NativeObject):
     """XNNPACK's ``channel_shuffle_nc_x32`` (``element_size=4``) or ``channel_shuffle_nc_x8`` (``element_size=1``)
     operator: ``batch`` items of ``[groups, group_channels]`` elements transposed to ``[group_channels, groups]``
     (groups = C, group_channels = H*W is NCHW -> NHWC; the reverse is groups = H*W, group_channels = C). Created
@@ -389,11 +399,6 @@ class ChannelShuffle:
             [0, 1], self._bindings.nbytes, self._bindings.outputs, EXTRA_BYTES, _PAGE, _raise_status,
             self._pool_handle, batch, **({"element_size": 1} if element_size == 1 else {}))
 
-    @property
-    def setups(self) -> int:
-        """How many times the operator was set up (diagnostics)."""
-        return self.glue.setups if self.glue is not None else self._setups
-
     def pin(self, src: np.ndarray | None = None, dst: np.ndarray | None = None) -> None:
         """Check once the input / output array that every later :meth:`run` binds (see ``_Bindings.pin``)."""
         for i, a in enumerate((src, dst)):
@@ -406,12 +411,8 @@ class ChannelShuffle:
         handle = self.handle
         if not handle:
             raise XnnpackError("the channel shuffle operator was deleted")
-        c = self.glue
-        if c is not None:
-            try:
-                c.run((src, dst))
-            except (ValueError, RuntimeError) as exc:  # refused argument; running / deleted state
-                raise exc if isinstance(exc, XnnpackError) else XnnpackError(str(exc)) from None
+        if self.glue is not None:
+            self._glue_run((src, dst))
             return
         with self._busy.hold(_RUNNING):
             handle = self.handle
@@ -434,18 +435,5 @@ class ChannelShuffle:
             if status:
                 self.lib.check(status, "xnn_run_operator")
 
-    def close(self) -> None:
-        c = getattr(self, "glue", None)
-        if c is not None:
-            _close_glue(c)
-        with (getattr(self, "_busy", None) or _Busy()).hold(_CLOSING):  # (init may have failed early)
-            if self.handle:
-                self.lib.xnn.xnn_delete_operator(self.handle)
-            self.handle = None
-            self._bindings.clear()
-
-    def __del__(self) -> None:  # pragma: no cover - safety net
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
+    def _delete(self, handle: int) -> None:
+        self.lib.xnn.xnn_delete_operator(handle)
