@@ -27,4 +27,4 @@ PIP="$VENV/bin/pip --disable-pip-version-check -q"
 $PIP install "torch==2.13.0"
 $PIP install -e ./core -e ./plugins/example -e ./backends-xnnpack
 # Test tools, the quantization flow, and the test-only oracle (the stock ExecuTorch runtime).
-$PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18.0" "executorch==1.5.1" "torch==2.13.0"
+$PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18.0" "executorch==1.5.1" "transformers==5.24.0" "torch==2.13.0"
