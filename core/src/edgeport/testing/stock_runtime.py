@@ -1,0 +1,163 @@
+"""Run programs on the stock ExecuTorch runtime in a child interpreter, so that a crash fails a case, not the run.
+
+The stock runtime trusts what it is given: a field written differently from what it expects can make it read freed
+or unmapped memory and die with SIGSEGV. :func:`run_cases` hands a batch of ``(name, pte, method, inputs)`` cases to
+one child process (``executorch.runtime``, loaded from a file, i.e. memory-mapped as on a device), which runs them in
+order and reports each result as it goes; when the child dies, the case it was running is reported as crashed
+(with the signal and the tail of its stderr) and a new child goes on with the rest.
+
+This module never imports ``executorch`` itself (it is a test-only oracle); only the child does. Inputs and outputs
+are numpy arrays (or Python scalars for non-tensor values).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_CHILD = r"""
+import os, pickle, struct, sys, traceback
+import numpy as np
+import torch
+from executorch.runtime import Runtime, Verification
+
+work = sys.argv[1]
+with open(os.path.join(work, "cases.pkl"), "rb") as f:
+    cases = pickle.load(f)
+start = int(sys.argv[2])
+report = open(os.path.join(work, "report.bin"), "ab", buffering=0)
+runtime = Runtime.get()
+
+def emit(obj):
+    data = pickle.dumps(obj)
+    report.write(struct.pack("<Q", len(data)) + data)
+
+def as_input(v):
+    return torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
+
+def as_output(v):
+    return v.detach().numpy().copy() if isinstance(v, torch.Tensor) else v
+
+for index in range(start, len(cases)):
+    name, path, method, inputs = cases[index]
+    emit(("start", index))
+    try:
+        program = runtime.load_program(path, verification=Verification.InternalConsistency)
+        outputs = program.load_method(method).execute([as_input(v) for v in inputs])
+        emit(("done", index, [as_output(v) for v in outputs], None))
+    except Exception as exc:
+        emit(("done", index, None, f"{type(exc).__name__}: {exc}"))
+"""
+
+
+@dataclass
+class StockResult:
+    """What the stock runtime did with one case: ``outputs`` when it ran, else ``error`` (a Python exception the
+    runtime raised) or ``crash`` (the child died: signal or exit code, and the tail of its stderr)."""
+
+    name: str
+    outputs: list[Any] | None = None
+    error: str | None = None
+    crash: str | None = None
+    log: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.outputs is not None
+
+    def describe(self) -> str:
+        if self.crash is not None:
+            return f"{self.name}: the stock ExecuTorch runtime CRASHED ({self.crash})"
+        if self.error is not None:
+            return f"{self.name}: the stock ExecuTorch runtime refused it: {self.error}"
+        return f"{self.name}: ran"
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _read_report(path: Path) -> list[tuple[Any, ...]]:
+    records = []
+    data = path.read_bytes() if path.exists() else b""
+    pos = 0
+    while pos + 8 <= len(data):
+        size = int.from_bytes(data[pos:pos + 8], "little")
+        if pos + 8 + size > len(data):
+            break  # the child died while writing: the case stays "started"
+        records.append(pickle.loads(data[pos + 8:pos + 8 + size]))
+        pos += 8 + size
+    return records
+
+
+def run_cases(cases: Sequence[tuple[str, bytes, str, Sequence[Any]]], *, timeout: float = 600.0,
+              python: str | None = None) -> list[StockResult]:
+    """Run each ``(name, pte_bytes, method, inputs)`` case on the stock ExecuTorch runtime, in child processes.
+
+    Returns one :class:`StockResult` per case, in order. A child that dies takes only its current case with it;
+    the rest run in a fresh child. ``python`` is the interpreter to use (default: this one).
+    """
+    results: list[StockResult | None] = [None] * len(cases)
+    with tempfile.TemporaryDirectory(prefix="edgeport-stock-") as tmp:
+        work = Path(tmp)
+        listed = []
+        for i, (name, pte, method, inputs) in enumerate(cases):
+            path = work / f"case{i}.pte"
+            path.write_bytes(bytes(pte))
+            listed.append((name, str(path), method, list(inputs)))
+        (work / "cases.pkl").write_bytes(pickle.dumps(listed))
+        script = work / "child.py"
+        script.write_text(_CHILD)
+        start = 0
+        while start < len(cases):
+            report = work / "report.bin"
+            report.unlink(missing_ok=True)
+            env = dict(os.environ, PYTHONFAULTHANDLER="1")
+            try:
+                proc = subprocess.run([python or sys.executable, str(script), str(work), str(start)],
+                                      capture_output=True, text=True, timeout=timeout, env=env, check=False)
+                code, stderr = proc.returncode, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                code, stderr = None, (exc.stderr or b"").decode(errors="replace") if isinstance(
+                    exc.stderr, bytes) else (exc.stderr or "")
+            running = None
+            for record in _read_report(report):
+                if record[0] == "start":
+                    running = record[1]
+                else:
+                    _, index, outputs, error = record
+                    results[index] = StockResult(listed[index][0], outputs=outputs, error=error)
+                    running = None
+            if running is None:
+                if all(r is not None for r in results[start:]):
+                    break
+                # The child died before starting a case (e.g. executorch failed to import): every case left fails.
+                reason = "timed out" if code is None else _exit_reason(code)
+                for i in range(start, len(cases)):
+                    if results[i] is None:
+                        results[i] = StockResult(listed[i][0], crash=f"child failed before the case: {reason}",
+                                                 log=stderr[-4000:])
+                break
+            reason = f"timed out after {timeout:.0f} s" if code is None else _exit_reason(code)
+            results[running] = StockResult(listed[running][0], crash=reason, log=stderr[-4000:])
+            start = running + 1
+    return [r for r in results if r is not None]
+
+
+def run_program(pte: bytes, inputs: Sequence[Any], method: str = "forward", *, name: str = "program",
+                timeout: float = 600.0) -> StockResult:
+    """Run one program on the stock ExecuTorch runtime in a child process (see :func:`run_cases`)."""
+    return run_cases([(name, pte, method, inputs)], timeout=timeout)[0]
