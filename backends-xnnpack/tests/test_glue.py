@@ -331,7 +331,8 @@ def test_destroy_waits_for_a_running_call_and_later_calls_fail_cleanly():
     from edgeport.program import load_pte
 
     ex = XnnpackExecutor(num_threads=2)
-    handle = ex.init(load_pte(pte).delegate_data(0, 0), [])
+    lp = load_pte(pte)  # the weights live in the program's named data
+    handle = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data)
     want = eager(model, (x,))
     results: list[object] = []
 

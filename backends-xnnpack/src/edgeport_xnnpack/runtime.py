@@ -407,9 +407,11 @@ class XnnpackExecutor(RuntimeExecutor):
             a = inputs[k]
             if type(a) is not np.ndarray:
                 a = np.asarray(a)
-            if a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims:
+            if a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims and not _same_but_unit_dims(a.shape, dims):
                 raise RuntimeExecutionError(f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, "
                                             f"got {a.dtype} {list(a.shape)}")
+            if a.shape != dims:  # e.g. ExecuTorch's 0-d lifted scalar where the blob declares [1]: a view
+                a = a.reshape(dims)
             env[vid] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
             k += 1
         k = 0
@@ -445,6 +447,15 @@ class XnnpackExecutor(RuntimeExecutor):
 
 
 _F32 = np.dtype(np.float32)
+
+
+def _same_but_unit_dims(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """Whether ``shape`` and ``dims`` differ only by size-1 dimensions (same elements in the same order: a view).
+
+    ExecuTorch's runtime hands a lifted scalar constant to the delegate as a 0-d tensor where the blob declares
+    ``[1]``; its XNNPACK delegate reshapes external values per call, so it accepts that, and so do we.
+    """
+    return tuple(d for d in shape if d != 1) == tuple(d for d in dims if d != 1)
 
 
 def _writable_contiguous(flags: Any) -> bool:

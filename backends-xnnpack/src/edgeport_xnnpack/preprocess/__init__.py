@@ -28,6 +28,7 @@ from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.preprocess import passes
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
+from edgeport_xnnpack.preprocess.named_constants import move_constants_to_named_data
 from edgeport_xnnpack.preprocess.quantized import QuantPlan
 from edgeport_xnnpack.preprocess.registry import LOWERINGS
 from edgeport_xnnpack.preprocess.views import Views
@@ -156,7 +157,7 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
 
 
 def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
-    """Lower a partition to the ExecuTorch XNNPACK blob format (self-contained: constants in the blob)."""
+    """Lower a partition to the ExecuTorch XNNPACK blob format; its constants go to the program's named data."""
     try:
         XnnpackCompileOptions.from_compile_specs(list(compile_specs))
     except ValueError as exc:
@@ -167,4 +168,5 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
     if b.views.enabled:  # float partitions; quantized ones keep the op-by-op lowering and its order
         b.data = passes.prune(graph, b.data)
         passes.schedule(graph)
-    return PreprocessResult(processed_bytes=serialize(graph, b.data), debug_handle_map={})
+    named = move_constants_to_named_data(graph, b.data)
+    return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map={}, data_store_output=named)

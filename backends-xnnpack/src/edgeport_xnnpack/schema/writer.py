@@ -12,8 +12,9 @@ Blob layout (all integers little-endian), as ExecuTorch's XNNPACK runtime reads 
     ... flatbuffer (identifier "XN01"), zero padding, constant data (each constant 16-byte aligned)
 
 A constant is referenced by ``XNNTensorValue.constant_buffer_idx`` -> ``XNNGraph.constant_data[idx]``, a
-``(offset, size)`` pair relative to the constant data region; edgeport never uses named keys, so a blob is
-self-contained.
+``(offset, size)`` pair relative to the constant data region, or a ``named_key`` (offset ``UINT64_MAX``) into
+the program's named data. edgeport's preprocess uses named keys only (see ``preprocess/named_constants.py``: the
+stock runtime frees the blob after init); offsets remain readable and writable for hand-built blobs.
 """
 
 from __future__ import annotations

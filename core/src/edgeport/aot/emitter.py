@@ -51,6 +51,7 @@ class ProgramTables:
     constant_buffer: list[S.Buffer] = field(default_factory=lambda: [S.Buffer(b"")])
     constant_index: dict[int, int] = field(default_factory=dict)
     delegate_data: list[S.BackendDelegateInlineData] = field(default_factory=list)
+    named_data: list[tuple[str, Any]] = field(default_factory=list)  # (which delegate, its data_store_output)
     keep_alive: list[Any] = field(default_factory=list)
 
     def constant(self, tensor: torch.Tensor) -> int:
@@ -240,6 +241,8 @@ class MethodEmitter:
             if key in self.fallbacks:
                 specs.append(S.CompileSpec(PORTABLE_FALLBACK_SPEC, self.fallbacks[key].encode()))
             self.delegates.append(S.BackendDelegate(lowered.backend_id, ref, specs))
+            self.tables.named_data.append((f"delegate {len(self.delegates) - 1} ({lowered.backend_id}) of method "
+                                           f"{self.name!r}", lowered.named_data_store_output))
             self.delegate_index[key] = len(self.delegates) - 1
         outputs = sorted((u for u in node.users if u.target is operator.getitem), key=lambda u: u.args[1])
         out_ids = []

@@ -22,6 +22,7 @@ from edgeport.aot.memory_planning import MemoryPlan, TensorLifetime, plan_memory
 from edgeport.aot.passes.out_variants import storage_root, to_out_variants
 from edgeport.aot.transform import transform_program
 from edgeport.errors import SerializationError, UnsupportedOperatorError
+from edgeport.named_data import merge_named_data
 from edgeport.program import schema as S
 
 
@@ -128,12 +129,14 @@ class ExecutorchProgramManager:
 
     def __init__(self, execution_programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
                  backend_config: ExecutorchBackendConfig, program: S.Program,
-                 memory_reports: list[MethodMemoryReport]) -> None:
+                 memory_reports: list[MethodMemoryReport],
+                 named_data: dict[str, tuple[bytes, int]] | None = None) -> None:
         self._execution_programs = dict(execution_programs)
         self._config_methods = dict(config_methods)
         self._config = backend_config
         self._program = program
         self.memory_reports = memory_reports
+        self._named_data = dict(named_data or {})
         self._buffer: bytes | None = None
 
     @classmethod
@@ -166,7 +169,7 @@ class ExecutorchProgramManager:
             segments=[],
             constant_segment=S.SubsegmentOffsets(0, []),
         )
-        return cls(executions, config_methods, config, program, reports)
+        return cls(executions, config_methods, config, program, reports, merge_named_data(tables.named_data))
 
     @property
     def methods(self) -> set[str]:
@@ -203,6 +206,7 @@ class ExecutorchProgramManager:
                     segment_alignment=c.segment_alignment,
                     constant_tensor_alignment=c.constant_tensor_alignment,
                     delegate_alignment=c.delegate_alignment,
+                    named_data=self._named_data,
                 ))
             except SerializationError:
                 raise

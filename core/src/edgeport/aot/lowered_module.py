@@ -11,6 +11,7 @@ from torch.export import ExportedProgram
 
 from edgeport.aot.delegate_op import register_lowered_module
 from edgeport.backend import CompileSpec
+from edgeport.named_data import NamedDataStoreOutput
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class LoweredBackendModule(torch.nn.Module):
         processed_bytes: bytes,
         compile_specs: Sequence[CompileSpec],
         debug_handle_map: dict[Any, Any] | None = None,
+        named_data_store_output: NamedDataStoreOutput | None = None,
     ) -> None:
         super().__init__()
         self._original_module = edge_program
@@ -41,6 +43,7 @@ class LoweredBackendModule(torch.nn.Module):
         self._processed_bytes = bytes(processed_bytes)
         self._compile_specs = list(compile_specs)
         self.meta: dict[str, Any] = {"debug_handle_map": debug_handle_map}
+        self._named_data_store_output = named_data_store_output
         self._key = register_lowered_module(self)
 
     @property
@@ -50,6 +53,11 @@ class LoweredBackendModule(torch.nn.Module):
     @property
     def processed_bytes(self) -> bytes:
         return self._processed_bytes
+
+    @property
+    def named_data_store_output(self) -> NamedDataStoreOutput | None:
+        """The named data (weights) ``preprocess`` handed to the writer, stored in ``Program.named_data``."""
+        return self._named_data_store_output
 
     @property
     def compile_specs(self) -> list[CompileSpec]:

@@ -39,6 +39,7 @@ from edgeport.aot.lowered_module import LoweredBackendModule
 from edgeport.aot.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from edgeport.backend import CompileSpec, DelegationSpec, PreprocessResult
 from edgeport.errors import EdgeportError, LoweringError, PartitionError
+from edgeport.named_data import NamedDataStoreOutput
 from edgeport.registry import get_backend
 
 
@@ -78,7 +79,12 @@ def lower_program(backend_id: str, program: ExportedProgram, compile_specs: list
         )
     if not isinstance(result.processed_bytes, (bytes, bytearray, memoryview)):
         raise LoweringError(f"backend {backend_id!r}: processed_bytes must be bytes")
-    return LoweredBackendModule(program, backend_id, bytes(result.processed_bytes), compile_specs, result.debug_handle_map)
+    store = result.data_store_output
+    if store is not None and not isinstance(store, NamedDataStoreOutput):
+        raise LoweringError(f"backend {backend_id!r}: data_store_output must be a NamedDataStoreOutput "
+                            f"(edgeport.named_data.NamedDataStore().output()), got {type(store).__name__}")
+    return LoweredBackendModule(program, backend_id, bytes(result.processed_bytes), compile_specs,
+                                result.debug_handle_map, store)
 
 
 def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> ExportedProgram:
@@ -109,7 +115,7 @@ def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> Export
         attr = f"lowered_module_{count}"
         count += 1
         setattr(gm, attr, lowered)
-        _replace_partition(gm.graph, nodes, lowered)
+        _replace_partition(gm.graph, nodes, lowered, _read_only_constants(tagged.graph_signature))
     # Users of a partition's outputs may precede its last node: reorder before anything lints the graph.
     stable_toposort(gm.graph)
     gm.graph.eliminate_dead_code()
@@ -182,24 +188,45 @@ def _check_acyclic(graph: torch.fx.Graph, groups: dict[str, list[torch.fx.Node]]
         )
 
 
-def _partition_io(nodes: list[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[torch.fx.Node], list[torch.fx.Node]]:
-    """(owned placeholders, external inputs, outputs) of a partition, in graph order."""
+def _read_only_constants(signature: ExportGraphSignature) -> set[str]:
+    """Placeholders holding weights no method writes: parameters, constant tensors, buffers never mutated."""
+    mutated = set(signature.buffers_to_mutate.values()) | set(getattr(signature, "parameters_to_mutate", {}).values())
+    kinds = (InputKind.PARAMETER, InputKind.CONSTANT_TENSOR, InputKind.BUFFER)
+    return {s.arg.name for s in signature.input_specs
+            if s.kind in kinds and s.target not in mutated and isinstance(s.arg, TensorArgument)}
+
+
+def _partition_io(nodes: list[torch.fx.Node], shareable: set[str] = frozenset()  # type: ignore[assignment]
+                  ) -> tuple[list[torch.fx.Node], list[torch.fx.Node], list[torch.fx.Node]]:
+    """(owned placeholders, external inputs, outputs) of a partition, in graph order.
+
+    A read-only weight (``shareable``) used by several partitions or by other nodes is owned by every partition
+    that uses it, as ExecuTorch does: each backend gets it as a constant (static weights can be packed), and
+    named data stores its bytes once. Other placeholders used outside the partition are passed in as inputs.
+    """
     members = set(nodes)
-    owned = [n for n in nodes if n.op == "placeholder" and all(u in members for u in n.users)]
-    owned_set = set(owned)
+    owned: list[torch.fx.Node] = []
     inputs: list[torch.fx.Node] = []
     seen: set[torch.fx.Node] = set()
     outputs: list[torch.fx.Node] = []
+
+    def take(arg: torch.fx.Node) -> None:
+        if arg in seen:
+            return
+        seen.add(arg)
+        tagged_alone = arg in members and all(u in members for u in arg.users)
+        if arg.op == "placeholder" and (arg.name in shareable or tagged_alone):
+            owned.append(arg)
+        else:
+            inputs.append(arg)
+
     for n in nodes:
         if n.op == "placeholder":
-            if n not in owned_set and n not in seen:  # shared constant: passed in as an input
-                seen.add(n)
-                inputs.append(n)
+            take(n)
             continue
         for arg in n.all_input_nodes:
-            if arg not in members and arg not in seen:
-                seen.add(arg)
-                inputs.append(arg)
+            if arg not in members:
+                take(arg)
         if any(u not in members for u in n.users):
             outputs.append(n)
     return owned, inputs, outputs
@@ -217,7 +244,7 @@ def _lower_partition(
 
 def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> ExportedProgram:
     """An ExportedProgram holding exactly ``nodes`` (a convex set of parent nodes)."""
-    owned, inputs, outputs = _partition_io(nodes)
+    owned, inputs, outputs = _partition_io(nodes, _read_only_constants(parent.graph_signature))
     members = [n for n in nodes if n.op != "placeholder"]
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -265,8 +292,9 @@ def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> E
     )
 
 
-def _replace_partition(graph: torch.fx.Graph, nodes: list[torch.fx.Node], lowered: LoweredBackendModule) -> None:
-    owned, inputs, outputs = _partition_io(nodes)
+def _replace_partition(graph: torch.fx.Graph, nodes: list[torch.fx.Node], lowered: LoweredBackendModule,
+                       shareable: set[str]) -> None:
+    owned, inputs, outputs = _partition_io(nodes, shareable)
     members = [n for n in nodes if n.op != "placeholder"]
     with graph.inserting_after(members[-1]):
         call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, list(inputs)))

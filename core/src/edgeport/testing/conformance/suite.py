@@ -18,7 +18,8 @@ each claimed dtype x a few sample inputs (:mod:`~edgeport.testing.conformance.sa
 through ``to_edge_transform_and_lower``, serialized, written, read back and run on edgeport's runtime; six tests
 check the result (``test_partitioner_only_tags``, ``test_tags_map_to_delegation_specs``,
 ``test_claimed_nodes_are_delegated``, ``test_only_claimed_nodes_are_delegated``, ``test_program_round_trip``,
-``test_runtime_matches_eager``). Blob tests corrupt one lowered blob in several ways and expect an
+``test_runtime_matches_eager``). A backend the stock ExecuTorch runtime also has (:attr:`stock_runtime`) runs
+every case there too, in child processes (``test_stock_runtime_matches_eager``). Blob tests corrupt one lowered blob in several ways and expect an
 :class:`edgeport.EdgeportError` from the executor's ``init`` (directly, and through the runtime loading a
 program that carries the bad blob).
 
@@ -39,6 +40,7 @@ import pytest
 from edgeport.backend import CapabilityTable, OpCapability
 from edgeport.errors import EdgeportError
 from edgeport.testing.conformance import harness as H
+from edgeport.testing.conformance import stock_checks as S
 from edgeport.testing.conformance.samples import SampleMaker
 
 __all__ = ["BackendConformance"]
@@ -73,6 +75,9 @@ class BackendConformance:
     blob_version_format: ClassVar[str] = "<I"
     #: Let the partitioner delegate ops its capability table does not list (off: the table is the contract).
     allow_unclaimed_delegation: ClassVar[bool] = False
+    #: The stock ExecuTorch runtime has this backend (same id and blob format): every case's program also runs
+    #: there, in child processes (a crash fails the case), and must match eager PyTorch.
+    stock_runtime: ClassVar[bool] = False
 
     # -- collection ---------------------------------------------------------------------------------------
     @classmethod
@@ -434,6 +439,22 @@ class BackendConformance:
         tol = {**H.DEFAULT_TOLERANCES, **tolerances} if lowered.case.kind == "op" else \
             {**H.DEFAULT_MODEL_TOLERANCES, **model_tolerances}
         H.compare_outputs(got, lowered.expected, tol, lowered.case.id)
+
+    def test_stock_runtime_matches_eager(self, lowered: H.LoweredCase, request: Any, tolerances: dict,
+                                         model_tolerances: dict) -> None:
+        if not self.stock_runtime:
+            pytest.skip(f"{self.backend_id}: stock_runtime is off (the stock ExecuTorch runtime has no such backend)")
+        missing = S.stock_runtime_missing()
+        if missing:
+            pytest.skip(missing)
+        self._require(lowered, "to_executorch")
+        cache = request.config.stash.setdefault(_CACHE, {})
+        key = (type(self), "stock-runtime")
+        if key not in cache:
+            cache[key] = S.run_all_on_stock(self.conformance_cases()[0], lambda c: self._lower(request, c))
+        tol = {**H.DEFAULT_TOLERANCES, **tolerances} if lowered.case.kind == "op" else \
+            {**H.DEFAULT_MODEL_TOLERANCES, **model_tolerances}
+        S.check_stock_result(cache[key].get(lowered.case.id), lowered, tol)
 
     # -- blob tests ---------------------------------------------------------------------------------------
     def test_good_blob_initializes(self, reference: tuple[H.LoweredCase, Any], backend_spec: Any) -> None:
