@@ -32,7 +32,7 @@ __all__ = ["ExtendedHeader", "LoadedPte", "load_pte", "parse_extended_header"]
 
 _u32 = struct.Struct("<I").unpack_from
 _i32 = struct.Struct("<i").unpack_from
-_u16x2 = struct.Struct("<HH").unpack_from
+_u16 = struct.Struct("<H").unpack_from
 _BUDGET_FACTOR = 4
 _BUDGET_SLACK = 1 << 16
 
@@ -120,8 +120,9 @@ class _Decoder:
 
     def _vector(self, pos: int, elem_size: int, path: str) -> tuple[int, int]:
         """Check the vector at ``pos``; return (start of elements, element count)."""
-        if pos + 4 > self.end:
-            raise ProgramError(f"{path}: vector length at byte {pos} runs past end of buffer")
+        if pos + 4 > self.end or pos & 3:
+            raise ProgramError(f"{path}: vector length at byte {pos} " + (
+                "is not 4-byte aligned" if pos & 3 else "runs past end of buffer"))
         (count,) = _u32(self.buf, pos)
         if count * elem_size > self.end - pos - 4:
             raise ProgramError(f"{path}: vector of {count} x {elem_size}-byte elements at byte {pos} "
@@ -141,22 +142,40 @@ class _Decoder:
     def table(self, name: str, pos: int, path: str) -> Any:
         return self.decoders[name](pos, path)
 
-    def _table_header(self, pos: int, path: str) -> tuple[tuple[int, ...], int]:
+    def _table_header(self, pos: int, path: str) -> tuple[int, ...]:
+        """The vtable's field offsets of the table at ``pos``.
+
+        The vtable's table-size entry is not checked and not used: no flatbuffers reader or verifier relies on it,
+        and the Python ``flatbuffers`` releases before 25.12 write a too-small one when a vtable is shared by tables
+        of different sizes. Each field is checked on its own against the buffer instead (see ``decode``).
+        """
         end = self.end
-        if pos + 4 > end:
-            raise ProgramError(f"{path}: table at byte {pos} runs past end of buffer ({end} bytes)")
+        if pos & 3 or pos + 4 > end:
+            raise ProgramError(f"{path}: table at byte {pos} " + (
+                "is not 4-byte aligned" if pos & 3 else f"runs past end of buffer ({end} bytes)"))
         (soff,) = _i32(self.buf, pos)
         vt = pos - soff
-        if vt < 0 or vt + 4 > end:
-            raise ProgramError(f"{path}: vtable of table at byte {pos} is outside the buffer (byte {vt})")
-        vsize, tsize = _u16x2(self.buf, vt)
+        if vt < 0 or vt + 4 > end or vt & 1:
+            raise ProgramError(f"{path}: vtable of table at byte {pos} is outside the buffer or misaligned "
+                               f"(byte {vt})")
+        (vsize,) = _u16(self.buf, vt)
         if vsize < 4 or vsize & 1 or vt + vsize > end:
             raise ProgramError(f"{path}: vtable at byte {vt} has bad size {vsize}")
-        if tsize < 4 or pos + tsize > end:
-            raise ProgramError(f"{path}: table at byte {pos} of size {tsize} runs past end of buffer")
-        self._spend(tsize, path)
+        self._spend(4 + vsize, path)
         nslots = (vsize - 4) >> 1
-        return (struct.unpack_from(f"<{nslots}H", self.buf, vt + 4) if nslots else ()), tsize
+        return struct.unpack_from(f"<{nslots}H", self.buf, vt + 4) if nslots else ()
+
+    def _field_error(self, path: str, pos: int, voff: int, size: int) -> ProgramError:
+        """Why a present field of ``size`` bytes at table offset ``voff`` of the table at ``pos`` is refused."""
+        at = pos + voff
+        if voff < 4:
+            why = "overlaps the table's vtable offset"
+        elif at + size > self.end:
+            why = f"runs past end of buffer ({self.end} bytes)"
+        else:
+            why = f"is not {size}-byte aligned (flatbuffers aligns every scalar and offset to its size)"
+        return ProgramError(f"{path}: {size}-byte field at table offset {voff} (byte {at}) of the table at byte "
+                            f"{pos} {why}")
 
     # ------------------------------------------------------------------ per-table decoders
     def _make_field_reader(self, table: str, f: Field) -> Callable[[int, str], Any]:
@@ -236,26 +255,28 @@ class _Decoder:
                 unions.append((f.name, f.slot, f.ref, members))
 
         def decode(pos: int, path: str) -> Any:
-            voffs, tsize = self._table_header(pos, path)
-            nslots = len(voffs)
+            voffs = self._table_header(pos, path)
+            nslots, end = len(voffs), self.end
             kwargs = {}
             for fname, slot, size, read, absent, mutable_absent in plan:
                 voff = voffs[slot] if slot < nslots else 0
                 if voff == 0:
                     kwargs[fname] = [] if mutable_absent else absent
                     continue
-                if voff < 4 or voff + size > tsize:
-                    raise ProgramError(f"{_join(path, fname)}: field at table offset {voff} lies outside the "
-                                       f"table ({tsize} bytes) at byte {pos}")
-                kwargs[fname] = read(pos + voff, _join(path, fname))
+                at = pos + voff
+                if voff < 4 or at + size > end or at & (size - 1):
+                    raise self._field_error(_join(path, fname), pos, voff, size)
+                kwargs[fname] = read(at, _join(path, fname))
             for fname, slot, uname, members in unions:
                 fpath = _join(path, fname)
                 tvoff = voffs[slot - 1] if slot - 1 < nslots else 0
                 vvoff = voffs[slot] if slot < nslots else 0
                 if tvoff == 0 or vvoff == 0:
                     raise ProgramError(f"{fpath}: {uname} value is missing")
-                if tvoff + 1 > tsize or tvoff < 4 or vvoff < 4 or vvoff + 4 > tsize:
-                    raise ProgramError(f"{fpath}: union field lies outside the table at byte {pos}")
+                if tvoff < 4 or pos + tvoff >= end:
+                    raise self._field_error(f"{fpath}_type", pos, tvoff, 1)
+                if vvoff < 4 or pos + vvoff + 4 > end or (pos + vvoff) & 3:
+                    raise self._field_error(fpath, pos, vvoff, 4)
                 utype = self.buf[pos + tvoff]
                 if not 1 <= utype <= len(members):
                     raise ProgramError(f"{fpath}: unknown {uname} type {utype} (known: 1..{len(members)})")
