@@ -67,40 +67,55 @@ class _Buf:
 
 
 class _Table:
+    """A table at ``pos``. Like flatbuffers' own verifier, each field is checked against the buffer and its
+    alignment; the vtable's table-size entry is ignored (Python flatbuffers < 25.12 writes a too-small one when
+    tables of different sizes share a vtable), so is any padding between fields."""
+
     def __init__(self, buf: _Buf, pos: int, what: str) -> None:
         self.buf, self.pos, self.what = buf, pos, what
+        if pos & 3:
+            raise BlobError(f"{what}: table at {pos} is not 4-byte aligned")
         vt = pos - buf.scalar("i", pos)
+        if vt & 1:
+            raise BlobError(f"{what}: vtable at {vt} is not 2-byte aligned")
         self.vt_len = buf.scalar("H", vt)
-        obj_len = buf.scalar("H", vt + 2)
-        if self.vt_len < 4 or self.vt_len % 2 or vt + self.vt_len > buf.n or pos + obj_len > buf.n:
+        if self.vt_len < 4 or self.vt_len % 2 or vt + self.vt_len > buf.n:
             raise BlobError(f"{what}: corrupt vtable at {vt}")
-        self.vt, self.obj_len = vt, obj_len
+        self.vt = vt
 
-    def _off(self, slot: int) -> int:
+    def _off(self, slot: int, size: int = 1) -> int:
+        """Table offset of field ``slot`` (0: absent), checked to hold ``size`` aligned bytes inside the buffer."""
         o = 4 + 2 * slot
         if o >= self.vt_len:
             return 0
         off = self.buf.scalar("H", self.vt + o)
-        if off and off >= self.obj_len:
-            raise BlobError(f"{self.what}: field {slot} outside its table")
+        if off:
+            at = self.pos + off
+            if off < 4 or at + size > self.buf.n:
+                raise BlobError(f"{self.what}: field {slot} at table offset {off} lies outside the flatbuffer "
+                                "or overlaps the table's vtable offset")
+            if at % size:
+                raise BlobError(f"{self.what}: field {slot} at byte {at} is not {size}-byte aligned")
         return off
 
     def scalar(self, slot: int, fmt: str, default: Any = 0) -> Any:
-        off = self._off(slot)
+        off = self._off(slot, struct.calcsize(fmt))
         return self.buf.scalar(fmt, self.pos + off) if off else default
 
     def present(self, slot: int) -> bool:
         return self._off(slot) != 0
 
     def table(self, slot: int, what: str) -> _Table | None:
-        off = self._off(slot)
+        off = self._off(slot, 4)
         return _Table(self.buf, self.buf.ref(self.pos + off), what) if off else None
 
     def vector(self, slot: int, elem: int, what: str) -> tuple[int, int] | None:
-        off = self._off(slot)
+        off = self._off(slot, 4)
         if not off:
             return None
         start = self.buf.ref(self.pos + off)
+        if start & 3:
+            raise BlobError(f"{what}: vector length at {start} is not 4-byte aligned")
         count = self.buf.scalar("I", start)
         if count > _MAX_ITEMS or start + 4 + count * elem > self.buf.n:
             raise BlobError(f"{what}: vector of {count} items runs past the end of the flatbuffer")
