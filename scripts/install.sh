@@ -28,3 +28,14 @@ $PIP install "torch==2.13.0"
 $PIP install -e ./core -e ./plugins/example -e ./backends-xnnpack
 # Test tools, the quantization flow, and the test-only oracle (the stock ExecuTorch runtime).
 $PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18.0" "executorch==1.5.1" "transformers==5.24.0" "torch==2.13.0"
+
+# --- flatbuffers releases side by side (test-only) -------------------------------------------------------------
+# core/tests/program/test_flatbuffers_versions.py writes and reads programs with every Python flatbuffers release
+# from 24.x up to the venv's own (the newest): each older one goes into its own directory, which the test puts first
+# on a child interpreter's PYTHONPATH. Pure-Python wheels, a few hundred KB in all.
+for fb_version in 24.3.6 24.3.7 24.3.25 24.12.23 25.1.21 25.1.24 25.2.10 25.9.23; do
+  fb_dir="$VENV/flatbuffers-versions/$fb_version"
+  if [ ! -f "$fb_dir/flatbuffers/__init__.py" ]; then
+    $PIP install --no-deps --target "$fb_dir" "flatbuffers==$fb_version"
+  fi
+done
