@@ -16,6 +16,7 @@ from edgeport.aot.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
 from edgeport.aot.partitioner import Partitioner
 from edgeport.aot.passes.edge_passes import normalize_edge_ops
+from edgeport.aot.passes.metadata_asserts import check_and_remove_metadata_asserts
 from edgeport.aot.to_backend import partition_and_lower
 from edgeport.aot.transform import transform_program
 from edgeport.aot.verifier import verify_edge_graph
@@ -89,9 +90,11 @@ def _unless_marked(op: OpOverload, decomposition: Callable[..., Any]) -> Callabl
 
 def _decompose(name: str, ep: ExportedProgram, table: Any) -> ExportedProgram:
     try:
-        return ep.run_decompositions(table)
+        program = ep.run_decompositions(table)
     except Exception as exc:  # torch raises many types here; name the method and the cause
         raise ExportError(f"method {name!r}: decomposition to core ATen failed: {type(exc).__name__}: {exc}") from exc
+    check_and_remove_metadata_asserts(program.graph_module, name)  # on the new program: the caller's is untouched
+    return program
 
 
 def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
