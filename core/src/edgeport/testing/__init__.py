@@ -1,5 +1,7 @@
 """Test support shipped with the core: the model zoo (:mod:`edgeport.testing.models`), the seed tutorial's demo
-backend (:mod:`edgeport.testing.tutorial_backend`) and the backend conformance suite
+backend (:mod:`edgeport.testing.tutorial_backend`), real-world architectures from Hugging Face ``transformers``
+(:mod:`edgeport.testing.architectures`), the stock ExecuTorch runtime in a child process
+(:mod:`edgeport.testing.stock_runtime`) and the backend conformance suite
 (:mod:`edgeport.testing.conformance`; ``from edgeport.testing import BackendConformance``).
 
 Importing this package is light; the conformance suite (which needs pytest and torch) loads on first use.
@@ -11,6 +13,9 @@ import importlib
 from typing import Any
 
 _LAZY = {
+    "ARCHITECTURES": "edgeport.testing.architectures",
+    "Architecture": "edgeport.testing.architectures",
+    "assert_close_to_scale": "edgeport.testing.architectures",
     "BackendConformance": "edgeport.testing.conformance",
     "Const": "edgeport.testing.conformance",
     "Sample": "edgeport.testing.conformance",
@@ -25,4 +30,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["SAMPLES", "BackendConformance", "Const", "Sample"]
+__all__ = ["ARCHITECTURES", "SAMPLES", "Architecture", "BackendConformance", "Const", "Sample", "assert_close_to_scale"]
