@@ -36,10 +36,10 @@ from edgeport.runtime import Runtime
 REPO = Path(__file__).resolve().parents[3]
 VERSIONS_DIR = REPO / ".venv" / "flatbuffers-versions"
 # Every release from the oldest 24.x to the newest (pip index versions flatbuffers); "venv" is the venv's own, the
-# newest. A child takes ~7 s (importing executorch's serializer alone takes 3): the default run covers the
-# release tosa-tools pins (25.2.10); the others are slow (the venv's own is what every other test uses).
+# newest. A child takes ~7 s (importing executorch's serializer alone takes 3): the default run (CI) covers the
+# oldest, the release tosa-tools pins (25.2.10) and the newest; the others are slow.
 OLDER = ["24.3.6", "24.3.7", "24.3.25", "24.12.23", "25.1.21", "25.1.24", "25.2.10", "25.9.23"]
-DEFAULT_RUN = {"25.2.10"}
+DEFAULT_RUN = {"24.3.6", "25.2.10", "venv"}
 # Releases whose builder shares a vtable between tables of different sizes (fixed in 25.12.19).
 SHARES_VTABLES_ACROSS_SIZES = set(OLDER)
 CASES = ("edgeport-portable", "edgeport-xnnpack", "executorch-portable")
