@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-all bench bench-xnnpack lint docs
+.PHONY: install demo test test-all bench bench-xnnpack bench-architectures lint docs
 
 install:
 	VENV=$(VENV) bash scripts/install.sh
@@ -21,6 +21,9 @@ bench: install
 
 bench-xnnpack: install
 	$(PY) bench/xnnpack.py
+
+bench-architectures: install
+	$(PY) bench/architectures.py
 
 lint:
 	$(VENV)/bin/ruff check core plugins backends-xnnpack tests bench scripts
