@@ -19,6 +19,24 @@ def _is_core(op: OpOverload) -> bool:
     return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
 
 
+def _who_claims(op: str) -> str:
+    """Which installed backends list ``op`` in their capability table (the partitioner to try), as advice."""
+    from edgeport.registry import list_backends
+
+    claiming = []
+    for spec in list_backends():
+        try:
+            table = spec.capabilities() if spec.capabilities is not None else None
+        except Exception:  # noqa: BLE001 - advice only: a broken table is reported elsewhere
+            continue
+        if table is not None and table.lookup(op) is not None:
+            claiming.append(spec.backend_id)
+    if claiming:
+        return (f"installed backends that claim it: {', '.join(claiming)} -- pass that backend's partitioner to "
+                "to_edge_transform_and_lower (it keeps the op whole through ops_to_not_decompose); or ")
+    return "no installed backend claims it (`edgeport backends` lists them); "
+
+
 def verify_edge_graph(
     gm: torch.fx.GraphModule, *, method: str = "forward", allowed: Iterable[OpOverload] = ()
 ) -> None:
@@ -51,7 +69,8 @@ def verify_edge_graph(
             else:
                 raise VerificationError(
                     f"{where}: operator {target} is not in core ATen and no partitioner kept it; "
-                    "add it to EdgeCompileConfig._core_aten_ops_exception_list or register a decomposition"
+                    f"{_who_claims(str(target))}add it to EdgeCompileConfig._core_aten_ops_exception_list or "
+                    "register a decomposition"
                 )
             if target.is_view:
                 raise VerificationError(f"{where}: view op {target} must be replaced by its _copy variant")
