@@ -13,6 +13,7 @@ import numpy as np
 from edgeport_xnnpack import native
 from edgeport_xnnpack._direct import DirectCall
 from edgeport_xnnpack._host import HostSegment
+from edgeport_xnnpack._specialize import Specializer
 
 __all__ = ["XnnpackHandle", "HostStep", "NativeStep", "ShuffleStep"]
 
@@ -83,3 +84,16 @@ class XnnpackHandle:
     summary: dict[str, int] = field(default_factory=dict)
     alive: bool = True
     direct: DirectCall | None = None  # every step in XNNPACK through the C glue (see edgeport_xnnpack._direct)
+    n_args: int = -1                  # delegate arguments before the outputs (-1: len(inputs))
+    arg_slots: tuple[int, ...] | None = None  # the argument of each input, when some argument is not a tensor
+    specializer: Specializer | None = None    # plans for other input shapes (see edgeport_xnnpack._specialize)
+
+    def __post_init__(self) -> None:
+        if self.n_args < 0:
+            self.n_args = len(self.inputs)
+        if self.specializer is None:
+            self.specializer = Specializer([], {}, self.inputs, self.outputs, _no_build, 0)
+
+
+def _no_build(dims: dict[int, tuple[int, ...]]) -> tuple[list, dict]:
+    raise AssertionError("a specializer of capacity 0 builds nothing")

@@ -3,7 +3,8 @@
 Torch-free: constraints read only ``node.args``/``node.kwargs`` and ``meta["val"]`` shapes. Every op listed is
 supported by ExecuTorch's XNNPACK delegate runtime (so edgeport-lowered programs run there). On edgeport's
 runtime most run natively in this libXNNPACK; the ones marked *host* in ``notes`` (XNNPACK 2022 has no such
-node) run as numpy steps inside the delegate. Static shapes only; at most 6 dimensions; float32.
+node) run as numpy steps inside the delegate. At most 6 dimensions; float32. Dynamic dims need an upper
+bound and a lowering that holds at every size (:func:`edgeport_xnnpack._bounded.dynamic_problem`).
 
 Quantized graphs (``XnnpackQuantizer`` + torchao's ``convert_pt2e``): the ``quantized_decomposed`` quantize /
 dequantize ops are claimed too (int8, :data:`QUANTIZED_CAPABILITIES`; the partitioner uses
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
+from edgeport_xnnpack._bounded import dynamic_problem, unbounded_problem
 
 BACKEND_ID = "XnnpackBackend"
 MAX_DIMS = 6
@@ -50,29 +52,43 @@ def _is_node(x: Any) -> bool:
     return hasattr(x, "meta") and hasattr(x, "op")
 
 
-def _static_shapes(node: Any) -> str | None:
-    """Static shapes of at most MAX_DIMS dimensions for the node and its tensor inputs."""
-    for v in (node, *[a for a in node.all_input_nodes if _is_node(a)]):
+def rank(value: Any) -> int | None:
+    """Rank of a node's (first) tensor value, static or not; ``None`` if it has none."""
+    val = getattr(value, "meta", {}).get("val")
+    if isinstance(val, (tuple, list)):
+        val = val[0] if val else None
+    dims = getattr(val, "shape", None)
+    return None if dims is None else len(dims)
+
+
+def _op_name(node: Any) -> str:
+    """``"aten.add.Tensor"`` for an ``OpOverload`` target, or the ``OpOverload`` an edge op wraps."""
+    target = node.target
+    if type(target).__name__ != "OpOverload" and type(getattr(target, "_op", None)).__name__ == "OpOverload":
+        target = target._op
+    return str(target)
+
+
+def _bounded_shapes(node: Any) -> str | None:
+    """At most MAX_DIMS dimensions for the node and its tensor inputs; dynamic dims bounded and lowerable."""
+    inputs = [a for a in node.all_input_nodes if _is_node(a)]
+    for v in (node, *inputs):
         val = v.meta.get("val")
         vals = val if isinstance(val, (tuple, list)) else [val]
         for t in vals:
-            if not hasattr(t, "shape"):
-                continue
-            if any(type(d) is not int for d in t.shape):
-                return f"dynamic shape {list(t.shape)} of {v.name!r} (XNNPACK subgraphs here are static)"
-            if len(t.shape) > MAX_DIMS:
+            if hasattr(t, "shape") and len(t.shape) > MAX_DIMS:
                 return f"rank {len(t.shape)} of {v.name!r} exceeds XNNPACK's {MAX_DIMS} dimensions"
-    return None
+    return unbounded_problem(node, inputs) or dynamic_problem(node, _op_name(node))
 
 
 def _all(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     def check(node: Any) -> str | None:
-        for c in (_static_shapes, *checks):
+        for c in (_bounded_shapes, *checks):
             why = c(node)
             if why:
                 return why
         return None
-    check.__name__ = " + ".join(c.__name__ for c in (_static_shapes, *checks))
+    check.__name__ = " + ".join(c.__name__ for c in (_bounded_shapes, *checks))
     return check
 
 
@@ -161,8 +177,8 @@ def _adaptive(node: Any) -> str | None:
 
 
 def _softmax(node: Any) -> str | None:
-    s = shape(node.args[0])
-    if s is None or node.args[1] % len(s) != len(s) - 1:
+    r = rank(node.args[0])
+    if not r or node.args[1] % r != r - 1:
         return "softmax over the last dimension only"
     if arg(node, 2, "half_to_float", False):
         return "half_to_float"
@@ -180,11 +196,13 @@ def _no_rounding(node: Any) -> str | None:
 
 
 def _layer_norm(node: Any) -> str | None:
-    s = shape(node.args[0])
+    val = node.args[0].meta.get("val")
+    s = tuple(getattr(val, "shape", ()))
     normalized = list(node.args[1])
-    if s is None or not normalized or tuple(s[len(s) - len(normalized):]) != tuple(normalized):
-        return f"normalized shape {normalized} is not the trailing dims of the input {s}"
-    if 0 in s:
+    trailing = s[len(s) - len(normalized):] if normalized else ()
+    if not normalized or any(type(d) is not int for d in trailing) or tuple(trailing) != tuple(normalized):
+        return f"normalized shape {normalized} is not the (static) trailing dims of the input {list(s)}"
+    if any(type(d) is int and d == 0 for d in s):
         return "empty input"
     for p in node.args[2:4]:
         if p is not None and shape(p) != tuple(normalized):
@@ -209,12 +227,12 @@ def _addmm(node: Any) -> str | None:
 
 
 def _bmm(node: Any) -> str | None:
-    a, b = shape(node.args[0]), shape(node.args[1])
-    return None if a and b and len(a) == 3 and len(b) == 3 else "bmm needs 3-D operands"
+    return None if rank(node.args[0]) == rank(node.args[1]) == 3 else "bmm needs 3-D operands"
 
 
 def _expand(node: Any) -> str | None:
-    if shape(node.args[0]) != shape(node):
+    a, b = node.args[0].meta.get("val"), node.meta.get("val")
+    if [str(d) for d in getattr(a, "shape", ())] != [str(d) for d in getattr(b, "shape", ())]:
         return "expand that broadcasts (only the no-op expand is supported)"
     return None
 
@@ -234,10 +252,10 @@ def _cat(node: Any) -> str | None:
 
 def _pad(node: Any) -> str | None:
     pads = node.args[1]
-    s = shape(node.args[0])
+    r = rank(node.args[0])
     if any(p < 0 for p in pads):
         return "negative (cropping) padding"
-    if s is None or len(pads) > 2 * len(s):
+    if r is None or len(pads) > 2 * r:
         return "more padding entries than dimensions"
     return None
 

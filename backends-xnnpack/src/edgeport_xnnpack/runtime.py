@@ -23,6 +23,7 @@ import numpy as np
 from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack import native
+from edgeport_xnnpack._call import input_arrays, results_for
 from edgeport_xnnpack._constants import NP_DTYPES as _NP
 from edgeport_xnnpack._constants import NamedData, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
@@ -32,6 +33,7 @@ from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
+from edgeport_xnnpack._specialize import Plan, Specializer, specializations_from_env
 from edgeport_xnnpack._steps import HostStep, NativeStep, ShuffleStep, XnnpackHandle
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.options import XnnpackCompileOptions
@@ -100,9 +102,14 @@ class _Planner:
                 self.values[v.id_out] = scales_from_buffer(self.g, self.constants, self.named, v, where)
         ins.sort(key=lambda i: self.values[i].external_id)
         outs.sort(key=lambda i: self.values[i].external_id)
-        ext = [self.values[i].external_id for i in ins + outs]
-        if ext != list(range(len(ext))) or len(ext) != self.g.num_externs:
-            raise _fail(f"external ids {ext} must be 0..{self.g.num_externs - 1}, inputs first")
+        in_ext = [self.values[i].external_id for i in ins]
+        out_ext = [self.values[i].external_id for i in outs]
+        n_args = self.g.num_externs - len(outs)
+        if out_ext != list(range(n_args, self.g.num_externs)) or len(set(in_ext)) != len(in_ext) or any(
+                e >= n_args for e in in_ext):
+            raise _fail(f"external ids {in_ext} (inputs) and {out_ext} (outputs) must be distinct, inputs below "
+                        f"the outputs, outputs {n_args}..{self.g.num_externs - 1} (a non-tensor argument, such as "
+                        "a symbolic size, may leave an input id unused)")
         return ins, outs
 
     def check_nodes(self, inputs: list[int]) -> None:
@@ -301,12 +308,13 @@ def _padded_copy(a: np.ndarray) -> np.ndarray:
 
 
 def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: NamedData | None = None,
-         num_threads: int | None = None) -> XnnpackHandle:
+         num_threads: int | None = None, max_specializations: int | None = None) -> XnnpackHandle:
     """Parse, check and build a blob (the body of :meth:`XnnpackExecutor.init`)."""
     try:
         options = XnnpackCompileOptions.from_compile_specs(list(compile_specs))
     except ValueError as exc:
         raise ProgramError(f"{BACKEND_ID}: {exc}") from exc
+    capacity = specializations_from_env(max_specializations)
     try:
         lib = native.library()
     except native.XnnpackError as exc:
@@ -347,16 +355,32 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     summary = {"native_steps": sum(isinstance(s, NativeStep) for s in steps),
                "host_steps": sum(isinstance(s, HostStep) for s in steps),
                "operator_steps": sum(isinstance(s, ShuffleStep) for s in steps), "nodes": len(graph.nodes)}
-    return XnnpackHandle(ins, outs, steps, buffers, pool, summary, direct=direct)
+    base = dict(planner.dims)
+
+    def build(dims: dict[int, tuple[int, ...]]) -> tuple[list, dict]:
+        planner.dims = dims  # the same planning and subgraph definition as above, at other dims
+        try:
+            return planner.plan(inputs, outputs, pool)
+        finally:
+            planner.dims = base
+
+    slots = [planner.values[i].external_id for i in inputs]
+    n_args = graph.num_externs - len(outputs)
+    specializer = Specializer(graph.nodes, base, ins, outs, build, capacity)
+    return XnnpackHandle(ins, outs, steps, buffers, pool, summary, direct=direct, n_args=n_args,
+                         arg_slots=None if slots == list(range(n_args)) else tuple(slots), specializer=specializer)
 
 
 class XnnpackExecutor(RuntimeExecutor):
-    """Runtime executor of ``XnnpackBackend`` (see the module docstring)."""
+    """Runtime executor of ``XnnpackBackend`` (see the module docstring). ``max_specializations``: input-shape
+    specializations kept per delegate (default ``$EDGEPORT_XNNPACK_SPECIALIZATIONS`` or 8; 0: only the declared
+    shapes run)."""
 
     thread_safe = True  # execute serializes the runs of its handles under its own lock
 
-    def __init__(self, num_threads: int | None = None) -> None:
+    def __init__(self, num_threads: int | None = None, max_specializations: int | None = None) -> None:
         self.num_threads = num_threads
+        self.max_specializations = max_specializations
         self._lock = threading.Lock()
 
     def is_available(self) -> tuple[bool, str]:
@@ -364,18 +388,21 @@ class XnnpackExecutor(RuntimeExecutor):
 
     def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec] = (), *,
              named_data: NamedData | None = None) -> XnnpackHandle:
-        return load(processed, compile_specs, named_data, self.num_threads)
+        return load(processed, compile_specs, named_data, self.num_threads, self.max_specializations)
 
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
         """Run the delegate. ``out`` (optional): one entry per output, a writable C-contiguous float32 array of
         the output's shape to compute into, or ``None``; the returned list holds those same arrays (it is ``out``
-        itself when ``out`` is a list without ``None`` entries)."""
+        itself when ``out`` is a list without ``None`` entries). Inputs smaller than declared in some dims run
+        on a specialization for their shapes (see :mod:`edgeport_xnnpack._specialize`); their outputs have the
+        shapes that follow (``out`` entries for them are ``None`` or arrays of those shapes)."""
         if type(handle) is not XnnpackHandle or not handle.alive:
             raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
-        if len(inputs) != len(handle.inputs):
-            raise RuntimeExecutionError(f"{BACKEND_ID}: expected {len(handle.inputs)} inputs, got {len(inputs)}")
-        outputs = handle.outputs
+        if len(inputs) != handle.n_args:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: expected {handle.n_args} inputs, got {len(inputs)}")
+        if handle.arg_slots is not None:  # non-tensor arguments (symbolic sizes) are not read
+            inputs = [inputs[k] for k in handle.arg_slots]
         direct = handle.direct
         if direct is not None and type(out) is list:
             with self._lock:
@@ -385,45 +412,23 @@ class XnnpackExecutor(RuntimeExecutor):
                     direct(inputs, out)
                     return out
                 except (ValueError, native.XnnpackError):
-                    pass  # the general path below converts what it can, or raises the precise error
-        if type(out) is list and len(out) == len(outputs):  # the runtime's call: check its arrays inline
-            results = out
-            k = 0
-            for _, dims in outputs:
-                a = out[k]
-                if type(a) is not np.ndarray or a.dtype is not _F32 or a.shape != dims:
-                    results = _outputs(handle, out)  # None entries, or raises
-                    break
-                f = a.flags
-                if not (f.c_contiguous and f.writeable):
-                    results = _outputs(handle, out)  # raises
-                    break
-                k += 1
-        else:
-            results = _outputs(handle, out)
-        env = dict(handle.buffers)  # per call: no reference to the caller's arrays outlives it
-        k = 0
-        for vid, dims in handle.inputs:
-            a = inputs[k]
-            if type(a) is not np.ndarray:
-                a = np.asarray(a)
-            if a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims and not _same_but_unit_dims(a.shape, dims):
-                raise RuntimeExecutionError(f"{BACKEND_ID}: input {k} must be float32 of shape {list(dims)}, "
-                                            f"got {a.dtype} {list(a.shape)}")
-            if a.shape != dims:  # e.g. ExecuTorch's 0-d lifted scalar where the blob declares [1]: a view
-                a = a.reshape(dims)
-            env[vid] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-            k += 1
-        k = 0
-        for vid, _ in outputs:
-            env[vid] = results[k]
-            k += 1
+                    pass  # the general path below converts what it can, specializes, or raises the precise error
+        arrays, declared = input_arrays(handle, inputs)
         step = None
         with self._lock:
             if not handle.alive:
                 raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
+            plan: XnnpackHandle | Plan = handle
+            if not declared:
+                plan = handle.specializer.plan_for([a.shape for a in arrays])
+            results = results_for(plan, out)
+            env = dict(plan.buffers)  # per call: no reference to the caller's arrays outlives it
+            for (vid, _), a in zip(plan.inputs, arrays):
+                env[vid] = a
+            for (vid, _), r in zip(plan.outputs, results):
+                env[vid] = r
             try:
-                for step in handle.steps:
+                for step in plan.steps:
                     step.run(env)
             except (native.XnnpackError, ValueError) as exc:
                 label = step.label if step is not None else "?"
@@ -441,48 +446,7 @@ class XnnpackExecutor(RuntimeExecutor):
             for step in handle.steps:
                 step.close()
             handle.steps, handle.buffers = [], {}
+            handle.specializer.close()
             if handle.pool is not None:
                 native.shared_pools.release(handle.pool)
                 handle.pool = None
-
-
-_F32 = np.dtype(np.float32)
-
-
-def _same_but_unit_dims(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    """Whether ``shape`` and ``dims`` differ only by size-1 dimensions (same elements in the same order: a view).
-
-    ExecuTorch's runtime hands a lifted scalar constant to the delegate as a 0-d tensor where the blob declares
-    ``[1]``; its XNNPACK delegate reshapes external values per call, so it accepts that, and so do we.
-    """
-    return tuple(d for d in shape if d != 1) == tuple(d for d in dims if d != 1)
-
-
-def _writable_contiguous(flags: Any) -> bool:
-    return flags.c_contiguous and flags.writeable
-
-
-def _outputs(handle: XnnpackHandle, out: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
-    """The arrays the outputs are computed into: ``out``'s entries (checked), fresh arrays for ``None``; ``out``
-    itself when it is a list without ``None`` entries."""
-    if out is None:
-        return [np.empty(dims, np.float32) for _, dims in handle.outputs]
-    if len(out) != len(handle.outputs):
-        raise RuntimeExecutionError(f"{BACKEND_ID}: out has {len(out)} entries, the delegate has "
-                                    f"{len(handle.outputs)} outputs")
-    results = out if type(out) is list else list(out)
-    k = 0
-    for _, dims in handle.outputs:
-        a = out[k]
-        if a is None:
-            if results is out:
-                results = list(out)
-            results[k] = np.empty(dims, np.float32)
-        elif type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims \
-                or not _writable_contiguous(a.flags):
-            got = (f"{a.dtype} {list(a.shape)}, C-contiguous={a.flags.c_contiguous}, writeable={a.flags.writeable}"
-                   if isinstance(a, np.ndarray) else type(a).__name__)
-            raise RuntimeExecutionError(f"{BACKEND_ID}: out[{k}] must be a writable C-contiguous float32 array of "
-                                        f"shape {list(dims)}, got {got}")
-        k += 1
-    return results

@@ -26,7 +26,7 @@ from edgeport.aot.capability_partitioner import op_name
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
-from edgeport_xnnpack.preprocess import passes
+from edgeport_xnnpack.preprocess import dynamic, passes
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
 from edgeport_xnnpack.preprocess.named_constants import move_constants_to_named_data
 from edgeport_xnnpack.preprocess.quantized import QuantPlan
@@ -89,12 +89,15 @@ def _fold_constant(b: GraphBuilder, node: torch.fx.Node) -> bool:
     return True
 
 
-def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
-    """Lower ``ep``'s graph; returns the builder and the finished :class:`Graph`."""
+def lower_graph(ep: ExportedProgram, fold_views: bool = True) -> tuple[GraphBuilder, Any]:
+    """Lower ``ep``'s graph (with view folding unless ``fold_views`` is false); returns the builder and the
+    finished :class:`Graph`."""
     b = GraphBuilder()
     consts = _constants(ep)
     user_inputs = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
     inputs: list[Val] = []
+    slots: list[int] = []
+    num_slots = 0
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     out_args = list(torch.fx.node.map_aggregate(out_node.args[0], lambda a: a))
     flat_out = [a for a in torch.utils._pytree.tree_leaves(out_args) if isinstance(a, torch.fx.Node)]
@@ -105,10 +108,14 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
                 b.constants[node] = consts[node.name]
             elif node.name in user_inputs:
                 val = node.meta.get("val")
+                num_slots += 1
+                if isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool):
+                    continue  # a symbolic size read by a view: an argument slot, no value (see dynamic.py)
                 if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
                     raise LoweringError(f"input {node.name!r} must be a float32 tensor")
                 if any(type(d) is not int for d in val.shape):
                     raise LoweringError(f"input {node.name!r} has a dynamic shape {list(val.shape)}")
+                slots.append(num_slots - 1)
                 inputs.append(b.set(node, b.new_val(tuple(val.shape), NCHW)))
             else:
                 raise LoweringError(f"placeholder {node.name!r} is neither a user input nor a constant")
@@ -116,7 +123,7 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
             b.constants[node] = getattr(ep.graph_module, node.target)
     b.fold = _fold_plan(ep.graph, b)
     quant = b.quant_plan = QuantPlan(ep.graph, b)
-    b.views = Views(b, enabled=not _quantized(ep.graph))
+    b.views = Views(b, enabled=fold_views and not _quantized(ep.graph))
     deferred = set(b.fold)
     for node in ep.graph.nodes:
         if node.op != "call_function" or node in deferred:
@@ -153,20 +160,50 @@ def lower_graph(ep: ExportedProgram) -> tuple[GraphBuilder, Any]:
         if o not in b.env:
             raise LoweringError(f"output {o.name!r} is a constant or an input; nothing to compute")
         outputs.append(b.env[o])
-    return b, b.finish(inputs, outputs)
+    return b, b.finish(inputs, outputs, slots, num_slots)
+
+
+def _lower_dynamic(ep: ExportedProgram, pts: tuple[dynamic.Point, dynamic.Point]) -> tuple[Any, bytearray]:
+    """Lower a partition with bounded dynamic dims (see :mod:`~edgeport_xnnpack.preprocess.dynamic`)."""
+    why = ""
+    for fold_views in (True, False):
+        lowered = []
+        for point in pts:
+            with dynamic.at_point(ep, point):
+                lowered.append(lower_graph(ep, fold_views))
+        (b_hi, g_hi), (b_lo, g_lo) = lowered
+        try:
+            graph = dynamic.merge(g_hi, g_lo, b_hi.data, b_lo.data)
+        except dynamic.NotEncodable as exc:
+            why = str(exc)
+            continue
+        data = b_hi.data
+        if not _quantized(ep.graph):
+            data = passes.prune(graph, data)
+            passes.schedule(graph)
+        return graph, data
+    raise LoweringError(f"the partition's dynamic dims cannot be expressed in an XNNPACK blob: {why}")
 
 
 def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
-    """Lower a partition to the ExecuTorch XNNPACK blob format; its constants go to the program's named data."""
+    """Lower a partition to the ExecuTorch XNNPACK blob format; its constants go to the program's named data.
+
+    A partition with bounded dynamic dims declares every value at its upper bound; see
+    :mod:`~edgeport_xnnpack.preprocess.dynamic`."""
     try:
         XnnpackCompileOptions.from_compile_specs(list(compile_specs))
     except ValueError as exc:
         raise LoweringError(str(exc)) from exc
     from edgeport_xnnpack.preprocess import ops  # noqa: F401  (registers the lowerings)
 
-    b, graph = lower_graph(edge_program)
-    if b.views.enabled:  # float partitions; quantized ones keep the op-by-op lowering and its order
-        b.data = passes.prune(graph, b.data)
-        passes.schedule(graph)
-    named = move_constants_to_named_data(graph, b.data)
+    pts = dynamic.points(edge_program)
+    if pts is not None:
+        graph, data = _lower_dynamic(edge_program, pts)
+    else:
+        b, graph = lower_graph(edge_program)
+        data = b.data
+        if b.views.enabled:  # float partitions; quantized ones keep the op-by-op lowering and its order
+            data = passes.prune(graph, b.data)
+            passes.schedule(graph)
+    named = move_constants_to_named_data(graph, data)
     return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map={}, data_store_output=named)

@@ -195,9 +195,15 @@ class GraphBuilder:
         return True
 
     # -- finish -----------------------------------------------------------------------------------------------
-    def finish(self, inputs: list[Val], outputs: list[Val]) -> Graph:
+    def finish(self, inputs: list[Val], outputs: list[Val], slots: list[int] | None = None,
+               num_slots: int | None = None) -> Graph:
+        """Mark the external values. ``slots[k]``: the delegate argument (external id) of ``inputs[k]``, out of
+        ``num_slots`` inputs (default: ``k`` of ``len(inputs)``); a non-tensor argument (a symbolic size) has a
+        slot but no value, as in ExecuTorch's blobs."""
         g = self.graph
-        for k, v in enumerate(inputs):
+        slots = list(range(len(inputs))) if slots is None else slots
+        num_slots = len(inputs) if num_slots is None else num_slots
+        for k, v in zip(slots, inputs, strict=True):
             tv = g.values[v.id]
             tv.flags, tv.external_id = 1, k
         seen: set[int] = {v.id for v in inputs}
@@ -215,8 +221,8 @@ class GraphBuilder:
             final.append(vid)
         for j, vid in enumerate(final):
             tv = g.values[vid]
-            tv.flags, tv.external_id = 2, len(inputs) + j
-        g.num_externs = len(inputs) + len(final)
+            tv.flags, tv.external_id = 2, num_slots + j
+        g.num_externs = num_slots + len(final)
         g.input_ids = [v.id for v in inputs]
         g.output_ids = final
         for tv in g.values:

@@ -1,0 +1,118 @@
+"""Specializing a delegate to the input shapes of a call (this libXNNPACK cannot reshape a runtime).
+
+A blob declares each value at its upper-bound dims. Newer XNNPACK (ExecuTorch's runtime) reshapes its runtime
+to every call's input shapes; the 2022 library cannot, so the executor *specializes* instead: for input shapes
+it has not seen, it infers every value's dims (:func:`~edgeport_xnnpack._infer.infer_dims`), plans and builds the
+delegate's steps again with those dims (the same definer code as at ``init``: native runtimes, host steps), and
+keeps the result in a small least-recently-used cache keyed by the input shapes. Each specialization packs its
+own weights; evicting one frees them. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeport.errors import ProgramError, RuntimeExecutionError
+from edgeport_xnnpack._infer import Dims, ShapeError, infer_dims
+from edgeport_xnnpack.capabilities import BACKEND_ID
+from edgeport_xnnpack.schema.graph import XNode
+
+DEFAULT_SPECIALIZATIONS = 8
+ENV = "EDGEPORT_XNNPACK_SPECIALIZATIONS"
+
+
+def specializations_from_env(value: int | None = None) -> int:
+    """How many specializations a handle keeps: ``value``, else ``$EDGEPORT_XNNPACK_SPECIALIZATIONS``, else 8
+    (0 turns specialization off: only the declared shapes run)."""
+    if value is None:
+        raw = os.environ.get(ENV, "")
+        try:
+            value = int(raw) if raw.strip() else DEFAULT_SPECIALIZATIONS
+        except ValueError:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: {ENV}={raw!r} is not an integer") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4096:
+        raise RuntimeExecutionError(f"{BACKEND_ID}: the number of specializations must be an int in 0..4096, "
+                                    f"got {value!r}")
+    return value
+
+
+@dataclass
+class Plan:
+    """The steps of one specialization (the same fields the handle has for the declared shapes)."""
+
+    inputs: list[tuple[int, Dims]]
+    outputs: list[tuple[int, Dims]]
+    steps: list[Any]
+    buffers: dict[int, np.ndarray]
+
+    def close(self) -> None:
+        for step in self.steps:
+            step.close()
+        self.steps, self.buffers = [], {}
+
+
+Build = Callable[[dict[int, Dims]], tuple[list[Any], dict[int, np.ndarray]]]
+
+
+class Specializer:
+    """The specializations of one handle: ``plan_for(shapes)`` returns (and caches) the plan for these input
+    shapes, or raises :class:`RuntimeExecutionError` saying which input or node does not fit."""
+
+    def __init__(self, nodes: Sequence[XNode], declared: dict[int, Dims], inputs: list[tuple[int, Dims]],
+                 outputs: list[tuple[int, Dims]], build: Build, capacity: int) -> None:
+        self.nodes, self.declared, self.inputs, self.outputs = list(nodes), dict(declared), inputs, outputs
+        self.build, self.capacity = build, capacity
+        self.cache: OrderedDict[tuple[Dims, ...], Plan] = OrderedDict()
+        self.built = 0  # specializations made so far (diagnostics: a re-made evicted one counts again)
+
+    def check(self, k: int, shape: Dims) -> None:
+        """Input ``k`` may take ``shape``: same rank as declared, each dim from 1 to its declared size."""
+        bound = self.inputs[k][1]
+        if len(shape) != len(bound) or any(not 1 <= s <= b for s, b in zip(shape, bound)):
+            raise RuntimeExecutionError(
+                f"{BACKEND_ID}: input {k} must be float32 of shape {list(bound)}, or smaller in a dynamic dim "
+                f"(each dim from 1 to its declared size, the program's upper bound), got float32 {list(shape)}")
+
+    def plan_for(self, shapes: Sequence[Dims]) -> Plan:
+        key = tuple(tuple(s) for s in shapes)
+        plan = self.cache.get(key)
+        if plan is not None:
+            self.cache.move_to_end(key)
+            return plan
+        for k, shape in enumerate(key):
+            self.check(k, shape)
+        if self.capacity == 0:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: input shapes {[list(s) for s in key]} differ from the "
+                                        f"declared {[list(d) for _, d in self.inputs]} and specialization is off "
+                                        f"({ENV}=0)")
+        where = f"input shapes {[list(s) for s in key]}"
+        try:
+            dims = infer_dims(self.nodes, self.declared, {vid: s for (vid, _), s in zip(self.inputs, key)})
+        except ShapeError as exc:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: cannot run {where}: {exc}") from exc
+        outputs = [(vid, dims[vid]) for vid, _ in self.outputs]
+        for j, ((_, got), (_, bound)) in enumerate(zip(outputs, self.outputs)):
+            if len(got) != len(bound) or any(a > b for a, b in zip(got, bound)):
+                raise RuntimeExecutionError(f"{BACKEND_ID}: {where} give output {j} dims {list(got)}, beyond its "
+                                            f"declared {list(bound)}")
+        try:
+            steps, buffers = self.build(dims)
+        except ProgramError as exc:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: cannot run {where}: {exc}") from exc
+        plan = Plan([(vid, dims[vid]) for vid, _ in self.inputs], outputs, steps, buffers)
+        self.cache[key] = plan
+        self.built += 1
+        while len(self.cache) > self.capacity:
+            self.cache.popitem(last=False)[1].close()
+        return plan
+
+    def close(self) -> None:
+        for plan in self.cache.values():
+            plan.close()
+        self.cache.clear()
