@@ -5,10 +5,16 @@
 (nodes this libXNNPACK lacks: batch matrix multiply, slice, concatenate, ...; reshapes, transposes and slices
 there are free views) or, for 2-D transposes such as NCHW <-> NHWC, on XNNPACK's channel-shuffle operator; the
 nodes are reordered (dependencies kept) so that each kind clusters into few steps. Values crossing a step get a
-padded buffer allocated once. Constants that XNNPACK packs are read from the blob during ``init`` only; the few
-it keeps pointers to are copied, so the blob is not retained. ``execute(handle, inputs, out=None)`` binds the
+padded buffer allocated once. Constants are read-only views of the blob or the program's named data (no copy);
+XNNPACK packs most when a runtime is created, the few it keeps pointers to are copied per runtime. The views
+stay referenced for re-specializing (below). ``execute(handle, inputs, out=None)`` binds the
 caller's arrays and the ``out`` arrays (or fresh ones) without copying them, re-runs XNNPACK's setup only when
 a bound pointer changed, and keeps no reference to them afterwards. ``destroy`` frees every native object.
+
+Dynamic shapes: a blob declares upper-bound dims. Inputs smaller in some dims run on a *specialization* for
+their shapes (:mod:`edgeport_xnnpack._specialize`): every value's dims are inferred and the same planning and
+subgraph definition run at those dims (weights are packed again, per specialization); a small LRU cache keeps
+the last few.
 """
 
 from __future__ import annotations
