@@ -228,6 +228,44 @@ def test_executorch_program_on_edgeport_runtime(name):
         assert_close_to_scale(got, _eager(name, n), f"ExecuTorch's {name} program, sequence {n}, edgeport's runtime")
 
 
+class Refused(nn.Module):
+    """One node of each kind the partitioner refuses with dynamic dims, next to delegated ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        scores = (x @ x.transpose(1, 2)).unsqueeze(1)   # a reshape to [1, 1, s, s]: two dynamic dims
+        return scores * 1.5, y * x.shape[1] + 1.0, x[:, 1:, :] * 2.0, torch.relu(self.conv(img))
+
+
+def test_partitioner_refuses_what_no_blob_can_express_and_the_rest_runs():
+    torch.manual_seed(0)
+    model = Refused().eval()
+    seq, h = torch.export.Dim("seq", min=3, max=BOUND), torch.export.Dim("h", min=4, max=BOUND)
+    args = (torch.randn(1, 8, 32), torch.randn(4, 32), torch.randn(1, 3, 8, 8))
+    ep = torch.export.export(model, args, dynamic_shapes={"x": {1: seq}, "y": None, "img": {2: h}})
+    partitioner = XnnpackPartitioner()
+    pte = to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch().buffer
+    why = dict(r.split(": ", 1) for node, r in partitioner.rejections.items() if "sym_size" not in node)
+    assert set(why) == {"aten.unsqueeze_copy.default", "aten.mul.Tensor", "aten.slice_copy.Tensor",
+                        "aten.convolution.default"}, partitioner.rejections
+    assert "more than one dynamic dim" in why["aten.unsqueeze_copy.default"]
+    assert "symbolic argument" in why["aten.mul.Tensor"]
+    assert "slice along the dynamic dim 1" in why["aten.slice_copy.Tensor"]
+    assert "over dynamic dims" in why["aten.convolution.default"]
+    method = Runtime.get().load_program(pte).load_method("forward")
+    gen = torch.Generator().manual_seed(2)
+    for n, height in ((3, 5), (BOUND, BOUND)):
+        inputs = (torch.randn(1, n, 32, generator=gen), torch.randn(4, 32, generator=gen),
+                  torch.randn(1, 3, height, 8, generator=gen))
+        with torch.no_grad():
+            want = model(*inputs)
+        for k, (got, ref) in enumerate(zip(method.execute([t.numpy() for t in inputs]), want)):
+            assert_close_to_scale(got, ref.numpy(), f"output {k} at sequence {n}, height {height}")
+
+
 # -- errors and the specialization cache ----------------------------------------------------------------------------
 
 def _single_delegate(name: str, executor: XnnpackExecutor):

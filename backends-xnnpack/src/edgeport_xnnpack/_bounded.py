@@ -74,7 +74,7 @@ def _symbolic_args(node: Any) -> list[str]:
                 visit(x)
         elif hasattr(a, "meta") and hasattr(a, "op"):
             val = a.meta.get("val")
-            if val is not None and not hasattr(val, "shape"):
+            if isinstance(val, (int, float, bool)) or type(val).__name__ in ("SymInt", "SymFloat", "SymBool"):
                 found.append(a.name)
         elif type(a).__name__ in ("SymInt", "SymFloat", "SymBool"):
             found.append(str(a))
@@ -91,14 +91,14 @@ def dynamic_problem(node: Any, name: str) -> str | None:
     a reshape (view, squeeze, unsqueeze, select) whose output has more than one dynamic dim (XNNPACK's static
     reshape infers one); a slice along a dynamic dim; an expand that broadcasts.
     """
+    sym = _symbolic_args(node)
+    if sym and name not in _SYMBOLIC_ARGS_OK:
+        return f"symbolic argument {', '.join(sym)} (only a view's sizes may be symbolic)"
     inputs = [a for a in node.all_input_nodes if hasattr(a, "meta")]
     if not _has_dynamic(node, inputs):
         return None
     if name in _STATIC_ONLY:
-        return f"{name} over dynamic dims (its lowering needs static sizes)"
-    sym = _symbolic_args(node)
-    if sym and name not in _SYMBOLIC_ARGS_OK:
-        return f"symbolic argument {', '.join(sym)} (only a view's sizes may be symbolic)"
+        return "over dynamic dims (its lowering bakes the spatial sizes into its parameters)"
     out = _tensors(node.meta.get("val"))
     src = _tensors(node.args[0].meta.get("val")) if node.args and hasattr(node.args[0], "meta") else []
     if name in _RESHAPES and out and src:

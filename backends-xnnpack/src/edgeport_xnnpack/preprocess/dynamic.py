@@ -37,15 +37,29 @@ def _vals(val: Any) -> list[Any]:
     return list(val) if isinstance(val, (tuple, list)) else [val]
 
 
-def _symbols(ep: ExportedProgram) -> set[Any]:
-    syms: set[Any] = set()
+def _symbols(ep: ExportedProgram) -> dict[Any, torch.SymInt]:
+    """Each free symbol of the graph's shapes -> a SymInt it appears in."""
+    syms: dict[Any, torch.SymInt] = {}
     for node in ep.graph.nodes:
         for v in _vals(node.meta.get("val")):
             dims = list(v.shape) if isinstance(v, torch.Tensor) else [v] if isinstance(v, torch.SymInt) else []
             for d in dims:
                 if isinstance(d, torch.SymInt):
-                    syms |= d.node.expr.free_symbols
+                    for s in d.node.expr.free_symbols:
+                        syms.setdefault(s, d)
     return syms
+
+
+def _range(ep: ExportedProgram, s: Any, d: torch.SymInt) -> tuple[int, int]:
+    """(lower, upper) bound of symbol ``s``: the program's range constraints, else the shape environment's."""
+    r = ep.range_constraints.get(s)
+    try:
+        if r is None:
+            r = d.node.shape_env.bound_sympy(s)
+        return int(r.lower), int(r.upper)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        raise LoweringError(f"dynamic dim {s} has no upper bound; export with a bounded dim, e.g. "
+                            "torch.export.Dim('seq', max=N)") from None
 
 
 def points(ep: ExportedProgram) -> tuple[Point, Point] | None:
@@ -57,12 +71,7 @@ def points(ep: ExportedProgram) -> tuple[Point, Point] | None:
     upper: Point = {}
     other: Point = {}
     for s in sorted(syms, key=str):
-        r = ep.range_constraints.get(s)
-        try:
-            hi, lo = int(r.upper), int(r.lower)  # type: ignore[union-attr]
-        except (AttributeError, TypeError, ValueError, OverflowError):
-            raise LoweringError(f"dynamic dim {s} has no upper bound in the program's range constraints; export "
-                                "with a bounded dim, e.g. torch.export.Dim('seq', max=N)") from None
+        lo, hi = _range(ep, s, syms[s])
         upper[s] = hi
         other[s] = hi - 1 if hi - 1 >= max(2, lo) else hi + 1
     return upper, other
