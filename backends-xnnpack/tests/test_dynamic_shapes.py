@@ -266,6 +266,42 @@ def test_partitioner_refuses_what_no_blob_can_express_and_the_rest_runs():
             assert_close_to_scale(got, ref.numpy(), f"output {k} at sequence {n}, height {height}")
 
 
+class SmallCnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2, groups=8)
+        self.c3 = nn.Conv2d(8, 16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.max_pool2d(torch.relu(self.c1(x)), 2)
+        y = nn.functional.pad(y, (1, 1, 1, 1))
+        return nn.functional.avg_pool2d(torch.relu(self.c3(self.c2(y))), 2)
+
+
+def test_executorch_cnn_with_dynamic_height_and_width_on_edgeport_runtime():
+    """ExecuTorch delegates convolutions and poolings over dynamic H and W (edgeport's partitioner does not):
+    the executor's shape functions for convolution, depthwise convolution, max / average pooling, pad and the
+    NCHW <-> NHWC transposes follow odd sizes too."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as EtPartitioner
+    from executorch.exir import to_edge_transform_and_lower as et_lower
+
+    torch.manual_seed(0)
+    model = SmallCnn().eval()
+    h, w = torch.export.Dim("h", min=16, max=40), torch.export.Dim("w", min=16, max=40)
+    ep = torch.export.export(model, (torch.randn(1, 3, 32, 32),), dynamic_shapes={"x": {2: h, 3: w}})
+    pte = et_lower(ep, partitioner=[EtPartitioner()]).to_executorch().buffer
+    kinds = {n.kind for g in _blobs(pte) for n in g.nodes}
+    assert {"XNNConv2d", "XNNDepthwiseConv2d", "XNNMaxPooling2d", "XNNAvgPooling2d"} <= kinds, kinds
+    method = Runtime.get().load_program(pte).load_method("forward")
+    gen = torch.Generator().manual_seed(4)
+    for height, width in ((16, 16), (17, 23), (33, 40), (40, 40)):
+        x = torch.randn(1, 3, height, width, generator=gen)
+        with torch.no_grad():
+            want = model(x).numpy()
+        assert_close_to_scale(method.execute([x.numpy()])[0], want, f"ExecuTorch's CNN at {height}x{width}")
+
+
 # -- errors and the specialization cache ----------------------------------------------------------------------------
 
 def _single_delegate(name: str, executor: XnnpackExecutor):
@@ -357,3 +393,44 @@ def test_bad_specialization_count_is_refused(monkeypatch):
         _single_delegate("linear", XnnpackExecutor(num_threads=1))
     with pytest.raises(RuntimeExecutionError, match="must be an int in 0..4096"):
         _single_delegate("linear", XnnpackExecutor(num_threads=1, max_specializations=-1))
+
+
+# -- shape inference per node kind, against numpy's shapes ----------------------------------------------------------
+
+def _infer(kind: str, inputs: list[tuple[int, ...]], declared_out: tuple[int, ...], **fields):
+    from edgeport_xnnpack._infer import infer_dims
+    from edgeport_xnnpack.schema.graph import XNode
+
+    names = {"XNNBatchMatrixMultiply": ["input1_id", "input2_id"], "XNNAdd": ["input1_id", "input2_id"]}.get(
+        kind, [f"input{k + 1}_id" for k in range(len(inputs))] if kind.startswith("XNNConcatenate") else ["input_id"])
+    node = XNode(kind, {**dict(zip(names, range(len(inputs)))), "output_id": 9, "flags": 0, **fields})
+    declared = {9: declared_out, **{k: s for k, s in enumerate(inputs)}}
+    return infer_dims([node], declared, dict(enumerate(inputs)))[9]
+
+
+@pytest.mark.parametrize("a, b", [((2, 5, 3), (2, 3, 7)), ((1, 4, 5, 8), (4, 8, 6)), ((4, 1, 5, 8), (3, 8, 2))])
+def test_infer_batch_matrix_multiply(a, b):
+    assert _infer("XNNBatchMatrixMultiply", [a, b], (1,)) == np.matmul(np.zeros(a), np.zeros(b)).shape
+
+
+def test_infer_broadcast_concatenate_pad_transpose_slice():
+    assert _infer("XNNAdd", [(1, 4, 5, 5), (1, 1, 5, 5)], (1,)) == (1, 4, 5, 5)
+    assert _infer("XNNConcatenate3", [(1, 3, 8), (1, 3, 2), (1, 3, 1)], (1,), axis=2) == (1, 3, 11)
+    assert _infer("XNNStaticConstantPad", [(1, 3, 8)], (1,), pre_paddings=[0, 1, 2], post_paddings=[0, 3, 0]) == \
+        np.pad(np.zeros((1, 3, 8)), [(0, 0), (1, 3), (2, 0)]).shape
+    assert _infer("XNNStaticTranspose", [(1, 3, 8, 5)], (1,), perm=[0, 2, 3, 1]) == (1, 8, 5, 3)
+    assert _infer("XNNStaticSlice", [(1, 7, 48)], (1,), offsets=[0, 0, 16], sizes=[1, 0, 32]) == (1, 7, 32)
+    assert _infer("XNNStaticReshape", [(1, 7, 32)], (16, 4, 8), new_shape=[0, 4, 8]) == (7, 4, 8)
+
+
+def test_infer_refuses_what_cannot_follow():
+    from edgeport_xnnpack._infer import ShapeError
+
+    with pytest.raises(ShapeError, match="marks 2 dims to infer"):
+        _infer("XNNStaticReshape", [(1, 7, 32)], (1, 16, 32), new_shape=[1, 0, 0])
+    with pytest.raises(ShapeError, match="marks no dim as dynamic"):
+        _infer("XNNStaticReshape", [(1, 7, 32)], (16, 4, 8), new_shape=[16, 4, 8])
+    with pytest.raises(ShapeError, match="do not broadcast"):
+        _infer("XNNAdd", [(1, 7, 32), (1, 16, 32)], (1,))
+    with pytest.raises(ShapeError, match="no shape rule for XNNArgMaxPooling2d"):
+        _infer("XNNArgMaxPooling2d", [(1, 4, 4, 2)], (1,))
