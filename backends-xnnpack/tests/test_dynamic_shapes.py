@@ -302,6 +302,40 @@ def test_executorch_cnn_with_dynamic_height_and_width_on_edgeport_runtime():
         assert_close_to_scale(method.execute([x.numpy()])[0], want, f"ExecuTorch's CNN at {height}x{width}")
 
 
+@pytest.mark.slow
+def test_executorch_int8_linears_with_dynamic_rows_match_the_stock_runtime():
+    """ExecuTorch's static int8 fully connected (qint8 x qcint8), which the executor rewrites into a 1x1
+    convolution between two reshapes, follows a dynamic sequence length (the reshapes mark the rows with 0)."""
+    pytest.importorskip("torchao")
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as EtPartitioner
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from executorch.exir import to_edge_transform_and_lower as et_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 8)).eval()
+    args, dims = (torch.randn(1, 8, 16),), {"input": {1: torch.export.Dim("seq", min=2, max=BOUND)}}
+    prepared = prepare_pt2e(torch.export.export(model, args, dynamic_shapes=dims).module(),
+                            XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True)))
+    prepared(*args)
+    ep = torch.export.export(convert_pt2e(prepared), args, dynamic_shapes=dims)
+    pte = et_lower(ep, partitioner=[EtPartitioner()]).to_executorch().buffer
+    (graph,) = _blobs(pte)
+    scale = {v.id_out: v.quant for v in graph.values}[graph.nodes[-1].inputs()[0]].scale  # the int8 output's
+    method = Runtime.get().load_program(pte).load_method("forward")
+    gen = torch.Generator().manual_seed(5)
+    xs = {n: torch.randn(1, n, 16, generator=gen).numpy() for n in LENGTHS}
+    stock = run_cases([(f"int8-seq{n}", pte, "forward", [x]) for n, x in xs.items()])
+    for (n, x), result in zip(xs.items(), stock):
+        assert result.outputs is not None, f"{result.describe()}\n{result.log}"
+        got = method.execute([x])[0]
+        assert got.shape == (1, n, 8)
+        assert np.abs(got - result.outputs[0]).max() <= scale * 1.001, f"sequence {n}"
+
+
 # -- errors and the specialization cache ----------------------------------------------------------------------------
 
 def _single_delegate(name: str, executor: XnnpackExecutor):

@@ -207,11 +207,15 @@ def _fully_connected(n: XNode, values: dict[int, TensorValue], dims: dict[int, t
             "dilation_width": 1, "group_input_channels": k, "group_output_channels": n_out, "groups": 1,
             "adjustment_height": 0, "adjustment_width": 0, "input1_id": x4, "filter_id": f4, "bias_id": bid,
             "output_id": y4, "flags": 0}
+    # new_shape marks the rows (0: inferred), so a specialization to other input shapes can follow: all of M
+    # going in, and coming out the one leading dim that is not 1 (see edgeport_xnnpack._infer)
+    lead = [j for j, d in enumerate(yd[:-1]) if d != 1]
+    back = [0 if [j] == lead else d for j, d in enumerate(yd)]
     new_nodes = [
-        XNode("XNNStaticReshape", {"num_dims": 4, "new_shape": [m, 1, 1, k], "input_id": xid, "output_id": x4,
+        XNode("XNNStaticReshape", {"num_dims": 4, "new_shape": [0, 1, 1, k], "input_id": xid, "output_id": x4,
                                    "flags": 0}, n.debug_handle),
         XNode("XNNConv2d", conv, n.debug_handle, n.output_min_max),
-        XNode("XNNStaticReshape", {"num_dims": len(yd), "new_shape": list(yd), "input_id": y4, "output_id": yid,
+        XNode("XNNStaticReshape", {"num_dims": len(yd), "new_shape": back, "input_id": y4, "output_id": yid,
                                    "flags": 0}, n.debug_handle),
     ]
     return new_values, new_nodes
