@@ -15,8 +15,9 @@ from torch.fx import traceback as fx_traceback
 from edgeport.aot.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
 from edgeport.aot.partitioner import Partitioner
+from edgeport.aot.passes.decompositions import edge_decompositions
 from edgeport.aot.passes.edge_passes import normalize_edge_ops
-from edgeport.aot.passes.metadata_asserts import check_and_remove_metadata_asserts
+from edgeport.aot.passes.graph_asserts import remove_graph_asserts
 from edgeport.aot.to_backend import partition_and_lower
 from edgeport.aot.transform import transform_program
 from edgeport.aot.verifier import verify_edge_graph
@@ -58,7 +59,7 @@ def _decomposition_table(
     keep: Collection[OpOverload], keep_marked: Collection[OpOverload] = (), table: Any = None
 ) -> Any:
     """torch's core-ATen table (or ``table``) without ``keep``; ops in ``keep_marked`` stay whole on marked nodes."""
-    table = torch.export.default_decompositions() if table is None else table
+    table = edge_decompositions() if table is None else table
     for op in keep:
         if op in table:
             table.pop(op)
@@ -93,7 +94,7 @@ def _decompose(name: str, ep: ExportedProgram, table: Any) -> ExportedProgram:
         program = ep.run_decompositions(table)
     except Exception as exc:  # torch raises many types here; name the method and the cause
         raise ExportError(f"method {name!r}: decomposition to core ATen failed: {type(exc).__name__}: {exc}") from exc
-    check_and_remove_metadata_asserts(program.graph_module, name)  # on the new program: the caller's is untouched
+    remove_graph_asserts(program.graph_module, name)  # on the new program: the caller's is untouched
     return program
 
 
@@ -181,7 +182,7 @@ def _decompose_for_partitioners(
     a true value for it. Filters see the nodes of the first pass's program (including control-flow branches),
     and are only called on nodes of the ops their partitioner lists.
     """
-    table = torch.export.default_decompositions()
+    table = edge_decompositions()
     listed: list[OpOverload] = []
     for request in requests:
         listed.extend(op for op in request.ops if op not in listed and op not in preserved and op in table)

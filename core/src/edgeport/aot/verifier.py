@@ -15,6 +15,11 @@ _SYM_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operato
             operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge, operator.neg}
 
 
+def _is_size_function(target: object) -> bool:
+    """``torch.sym_max``, ``math.floor`` and the like: Python functions export records on symbolic sizes."""
+    return getattr(target, "__module__", None) in ("torch", "math", "builtins", "torch.fx.experimental.sym_node")
+
+
 def _is_core(op: OpOverload) -> bool:
     return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
 
@@ -74,6 +79,11 @@ def verify_edge_graph(
                 )
             if target.is_view:
                 raise VerificationError(f"{where}: view op {target} must be replaced by its _copy variant")
+        elif _is_size_function(target):
+            raise VerificationError(
+                f"{where}: {getattr(target, '__name__', target)!r} on symbolic sizes is not supported (edgeport "
+                "emits +, -, *, //, /, %, comparisons and negation of sizes); compute it from those, or make the "
+                "dimension static")
         else:
             raise VerificationError(f"{where}: call target {target!r} is not an operator overload")
         if "val" not in node.meta:

@@ -1,20 +1,30 @@
 """Passes that turn a decomposed ATen graph into edgeport's edge dialect.
 
-The edge dialect is core ATen with two normalizations that make every op have a portable out-variant:
+The edge dialect is core ATen with three normalizations that make every op have a portable out-variant and every
+argument the kind of value its schema expects:
 
 * view ops become their ``*_copy`` variants (``view`` → ``view_copy``, ``permute`` → ``permute_copy``, ...);
-* a ``.Tensor`` overload called with a Python number becomes the ``.Scalar`` overload (``mul.Tensor(x, 2)`` →
-  ``mul.Scalar(x, 2)``) so no tensor constant has to be invented for the scalar.
+* a ``.Tensor`` overload called with a scalar as its second argument -- a Python number, or a symbolic size such
+  as ``x.shape[1]`` under a dynamic dim or ``nonzero(x).shape[0]`` -- becomes the ``.Scalar`` overload
+  (``mul.Tensor(x, 2)`` → ``mul.Scalar(x, 2)``, ``div.Tensor(x, s0)`` → ``div.Scalar(x, s0)``);
+* any other tensor argument given a symbolic scalar gets it through ``aten.scalar_tensor`` (as ExecuTorch does):
+  a runtime reading a size where a tensor belongs would read the wrong kind of value (the stock runtime aborts);
+* ``torch.sym_float(s)`` (``x.shape[1] * 0.5``) becomes ``s / 1``: Python's true division of sizes is
+  ``executorch_prim::truediv``, which always yields a float, so the value is exactly ``float(s)``.
 """
 
 from __future__ import annotations
 
 import numbers
+import operator
 
 import torch
 from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensor
 
 aten = torch.ops.aten
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool, bool, int, float)
 
 
 def copy_variant(op: OpOverload) -> OpOverload | None:
@@ -30,26 +40,88 @@ def copy_variant(op: OpOverload) -> OpOverload | None:
     return getattr(packet, op._overloadname, None)
 
 
+def is_symbolic_scalar(arg: object) -> bool:
+    """Whether ``arg`` is a node computing a scalar (a symbolic size, or arithmetic on sizes), not a tensor."""
+    return isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), _SYMBOLIC)
+
+
 def scalar_variant(op: OpOverload, args: tuple) -> OpOverload | None:
-    """The ``.Scalar`` overload to use when a ``.Tensor`` overload gets a number as its second argument."""
+    """The ``.Scalar`` overload to use when a ``.Tensor`` overload gets a scalar as its second argument."""
     if op.namespace != "aten" or op._overloadname not in ("Tensor", "Tensor_mode") or len(args) < 2:
         return None
-    if isinstance(args[1], torch.fx.Node) or not isinstance(args[1], numbers.Number):
+    if isinstance(args[1], torch.fx.Node):
+        if not is_symbolic_scalar(args[1]):
+            return None
+    elif not isinstance(args[1], numbers.Number):
         return None
     name = "Scalar" if op._overloadname == "Tensor" else "Scalar_mode"
     return getattr(op.overloadpacket, name, None)
 
 
-def normalize_edge_ops(gm: torch.fx.GraphModule) -> bool:
-    """Apply both normalizations in place; returns whether the graph changed."""
-    changed = False
+def _scalar_dtype(val: object) -> torch.dtype:
+    if isinstance(val, (torch.SymBool, bool)):
+        return torch.bool
+    if isinstance(val, (torch.SymInt, int)):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+def _fake_mode(gm: torch.fx.GraphModule) -> object:
     for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, FakeTensor):
+            return val.fake_mode
+    return None
+
+
+def _tensor_arguments(node: torch.fx.Node) -> list[tuple[int | str, object]]:
+    """``(position or keyword, value)`` of each argument the schema types as a single Tensor."""
+    found: list[tuple[int | str, object]] = []
+    for i, arg in enumerate(node.target._schema.arguments):
+        if not isinstance(arg.type, torch.TensorType):
+            continue
+        if i < len(node.args) and not arg.kwarg_only:
+            found.append((i, node.args[i]))
+        elif arg.name in node.kwargs:
+            found.append((arg.name, node.kwargs[arg.name]))
+    return found
+
+
+def _wrap_symbolic_tensor_arguments(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    changed = False
+    for where, value in _tensor_arguments(node):
+        if not is_symbolic_scalar(value):
+            continue
+        dtype = _scalar_dtype(value.meta["val"])
+        with gm.graph.inserting_before(node):
+            tensor = gm.graph.call_function(aten.scalar_tensor.default, (value,), {"dtype": dtype})
+        mode = _fake_mode(gm)
+        if mode is not None:
+            with mode:
+                tensor.meta["val"] = torch.empty((), dtype=dtype)
+        tensor.meta["stack_trace"] = node.meta.get("stack_trace")
+        if isinstance(where, int):
+            node.update_arg(where, tensor)
+        else:
+            node.update_kwarg(where, tensor)
+        changed = True
+    return changed
+
+
+def normalize_edge_ops(gm: torch.fx.GraphModule) -> bool:
+    """Apply the normalizations in place; returns whether the graph changed."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.sym_float and len(node.args) == 1 and not node.kwargs:
+            node.target, node.args = operator.truediv, (node.args[0], 1)
+            changed = True
         if node.op != "call_function" or not isinstance(node.target, OpOverload):
             continue
         replacement = copy_variant(node.target) or scalar_variant(node.target, node.args)
         if replacement is not None:
             node.target = replacement
             changed = True
+        changed |= _wrap_symbolic_tensor_arguments(gm, node)
     if changed:
         gm.recompile()
     return changed
