@@ -204,6 +204,10 @@ def _layer_norm(node: Any) -> str | None:
         return f"normalized shape {normalized} is not the (static) trailing dims of the input {list(s)}"
     if any(type(d) is int and d == 0 for d in s):
         return "empty input"
+    stats = any(u.target is operator.getitem and u.args[1] for u in node.users)
+    if (len(normalized) > 1 or stats) and sum(type(d) is not int for d in s) > 1:
+        return "more than one dynamic leading dim with several normalized dims or mean / rstd outputs (their " \
+               "reshapes would infer two dims)"
     for p in node.args[2:4]:
         if p is not None and shape(p) != tuple(normalized):
             return f"weight / bias of shape {shape(p)} instead of {tuple(normalized)}"
