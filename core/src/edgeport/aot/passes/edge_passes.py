@@ -1,16 +1,17 @@
 """Passes that turn a decomposed ATen graph into edgeport's edge dialect.
 
-The edge dialect is core ATen with three normalizations that make every op have a portable out-variant and every
-argument the kind of value its schema expects:
+The edge dialect is core ATen with these normalizations, so that every op has a portable out-variant:
 
 * view ops become their ``*_copy`` variants (``view`` → ``view_copy``, ``permute`` → ``permute_copy``, ...);
-* a ``.Tensor`` overload called with a scalar as its second argument -- a Python number, or a symbolic size such
-  as ``x.shape[1]`` under a dynamic dim or ``nonzero(x).shape[0]`` -- becomes the ``.Scalar`` overload
-  (``mul.Tensor(x, 2)`` → ``mul.Scalar(x, 2)``, ``div.Tensor(x, s0)`` → ``div.Scalar(x, s0)``);
-* any other tensor argument given a symbolic scalar gets it through ``aten.scalar_tensor`` (as ExecuTorch does):
-  a runtime reading a size where a tensor belongs would read the wrong kind of value (the stock runtime aborts);
+* a ``.Tensor`` overload called with a Python number as its second argument becomes the ``.Scalar`` overload
+  (``mul.Tensor(x, 2)`` → ``mul.Scalar(x, 2)``) so no tensor constant has to be invented for the scalar;
 * ``torch.sym_float(s)`` (``x.shape[1] * 0.5``) becomes ``s / 1``: Python's true division of sizes is
   ``executorch_prim::truediv``, which always yields a float, so the value is exactly ``float(s)``.
+
+A symbolic size passed where the schema wants a tensor (``x.sum(1) / x.shape[1]`` under a dynamic dim,
+``nonzero(x).shape[0]``) stays as it is in the edge program -- partitioners see what export wrote -- and becomes a
+scalar argument when the program is converted to out variants (:func:`normalize_symbolic_arguments`): a runtime
+reading a size where a tensor belongs reads the wrong kind of value (the stock runtime aborts).
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ def is_symbolic_scalar(arg: object) -> bool:
     return isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), _SYMBOLIC)
 
 
-def scalar_variant(op: OpOverload, args: tuple) -> OpOverload | None:
-    """The ``.Scalar`` overload to use when a ``.Tensor`` overload gets a scalar as its second argument."""
+def scalar_variant(op: OpOverload, args: tuple, symbolic: bool = False) -> OpOverload | None:
+    """The ``.Scalar`` overload to use when a ``.Tensor`` overload gets a number (or, with ``symbolic``, a
+    symbolic size) as its second argument."""
     if op.namespace != "aten" or op._overloadname not in ("Tensor", "Tensor_mode") or len(args) < 2:
         return None
     if isinstance(args[1], torch.fx.Node):
-        if not is_symbolic_scalar(args[1]):
+        if not (symbolic and is_symbolic_scalar(args[1])):
             return None
     elif not isinstance(args[1], numbers.Number):
         return None
@@ -109,15 +111,32 @@ def _wrap_symbolic_tensor_arguments(gm: torch.fx.GraphModule, node: torch.fx.Nod
 
 
 def normalize_edge_ops(gm: torch.fx.GraphModule) -> bool:
-    """Apply the normalizations in place; returns whether the graph changed."""
+    """Apply the edge normalizations in place; returns whether the graph changed."""
     changed = False
-    for node in list(gm.graph.nodes):
+    for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.sym_float and len(node.args) == 1 and not node.kwargs:
             node.target, node.args = operator.truediv, (node.args[0], 1)
             changed = True
         if node.op != "call_function" or not isinstance(node.target, OpOverload):
             continue
         replacement = copy_variant(node.target) or scalar_variant(node.target, node.args)
+        if replacement is not None:
+            node.target = replacement
+            changed = True
+    if changed:
+        gm.recompile()
+    return changed
+
+
+def normalize_symbolic_arguments(gm: torch.fx.GraphModule) -> bool:
+    """Give every tensor argument holding a symbolic size a scalar form, in place: the ``.Scalar`` overload when
+    the size is a ``.Tensor`` overload's second argument (``div.Tensor(x, s)`` → ``div.Scalar(x, s)``), else
+    ``aten.scalar_tensor(s)`` (as ExecuTorch does). Returns whether the graph changed."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
+            continue
+        replacement = scalar_variant(node.target, node.args, symbolic=True)
         if replacement is not None:
             node.target = replacement
             changed = True

@@ -15,6 +15,7 @@ import torch
 from torch._ops import OpOverload
 
 from edgeport.aot.delegate_op import CALL_DELEGATE
+from edgeport.aot.passes.edge_passes import normalize_symbolic_arguments
 from edgeport.errors import UnsupportedOperatorError
 
 # Ops that stay as they are: they compute sizes (symbolic ints), not tensors.
@@ -158,7 +159,9 @@ def _alloc_spec(val: object) -> tuple[tuple[object, ...], torch.dtype]:
 
 
 def to_out_variants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Rewrite every tensor-producing op node to its out variant with ``alloc`` nodes for its outputs."""
+    """Rewrite every tensor-producing op node to its out variant with ``alloc`` nodes for its outputs (after
+    giving symbolic sizes in tensor arguments a scalar form: :func:`normalize_symbolic_arguments`)."""
+    normalize_symbolic_arguments(gm)
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, OpOverload):
