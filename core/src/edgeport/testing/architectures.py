@@ -31,9 +31,9 @@ class Architecture:
     name: str
     model: Any
     example_inputs: tuple[Any, ...]
-    kind: str  # "text" or "vision"
-    dynamic_shapes: Any = None
-    seq_lengths: tuple[int, ...] = ()
+    dynamic_shapes: Any = None  # text models: {"x": {1: Dim("seq", min=2, max=...)}}
+    seq_lengths: tuple[int, ...] = ()  # text models: lengths to test, below the bound and the bound itself
+    kind: str = "text"  # "text" (token ids [1, seq]) or "vision" (images [1, 3, H, W])
     vocab: int = 0
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -79,25 +79,38 @@ def _output(model: Any, key: str) -> Any:
     return Wrapped().eval()
 
 
+def _build(make: Callable[[Any, dict[str, int]], Any], key: str, seed: int, size: str) -> Any:
+    """The wrapped model, its weights drawn from ``seed`` (the caller's global RNG state is left as it was)."""
+    torch = _torch()
+    transformers = _transformers()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _output(make(transformers, _size(size)), key)
+
+
+def _size(size: str) -> dict[str, int]:
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; sizes: {sorted(SIZES)}")
+    return SIZES[size]
+
+
 def _text(name: str, make: Callable[[Any, dict[str, int]], Any], key: str, seed: int, size: str) -> Architecture:
     torch = _torch()
-    s = SIZES[size]
-    torch.manual_seed(seed)
-    model = _output(make(_transformers(), s), key)
+    s = _size(size)
+    model = _build(make, key, seed, size)
     seq = torch.export.Dim("seq", min=2, max=s["max_seq"])
-    arch = Architecture(name, model, (), "text", dynamic_shapes={"x": {1: seq}},
-                        seq_lengths=(2, 3, s["seq"] - 1, s["max_seq"]), vocab=s["vocab"], seed=seed)
+    arch = Architecture(name, model, (), dynamic_shapes={"x": {1: seq}},
+                        seq_lengths=(2, 3, s["seq"] - 1, s["max_seq"]), kind="text", vocab=s["vocab"], seed=seed)
     arch.example_inputs = arch.inputs_for(s["seq"])
     return arch
 
 
 def _vision(name: str, make: Callable[[Any, dict[str, int]], Any], key: str, seed: int, size: str) -> Architecture:
     torch = _torch()
-    s = SIZES[size]
-    torch.manual_seed(seed)
-    model = _output(make(_transformers(), s), key)
+    s = _size(size)
+    model = _build(make, key, seed, size)
     gen = torch.Generator().manual_seed(seed)
-    return Architecture(name, model, (torch.randn(1, 3, s["image"], s["image"], generator=gen),), "vision",
+    return Architecture(name, model, (torch.randn(1, 3, s["image"], s["image"], generator=gen),), kind="vision",
                         seed=seed)
 
 
