@@ -159,6 +159,11 @@ CASES = [
     ("aten::pow.Tensor_Scalar_out", [rn(5), 2]),
     ("aten::pow.Tensor_Scalar_out", [pos(5), 0.5]),
     ("aten::pow.Tensor_Scalar_out", [ri(5, lo=0), 3]),
+    ("aten::pow.Tensor_Scalar_out", [rn(4, 5), 3.0]),  # GPT-2's gelu_new: x * x * x, as torch computes it
+    ("aten::pow.Tensor_Scalar_out", [pos(5), -0.5]),
+    ("aten::pow.Tensor_Scalar_out", [pos(5), -1]),
+    ("aten::pow.Tensor_Scalar_out", [rn(5), -2.0]),
+    ("aten::pow.Tensor_Scalar_out", [pos(5), 2.5]),
     ("aten::pow.Scalar_out", [2.0, rn(5)]),
     ("aten::floor_divide.out", [rn(10) * 5, pos(10)]),
     # unary

