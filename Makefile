@@ -26,7 +26,7 @@ bench-architectures: install
 	$(PY) bench/architectures.py
 
 lint:
-	$(VENV)/bin/ruff check core plugins backends-xnnpack tests bench scripts
+	$(VENV)/bin/ruff check core plugins backends-* tests bench scripts
 
 docs: install
 	$(PY) scripts/gen_docs.py

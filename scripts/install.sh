@@ -39,3 +39,13 @@ for fb_version in 24.3.6 24.3.7 24.3.25 24.12.23 25.1.21 25.1.24 25.2.10 25.9.23
     $PIP install --no-deps --target "$fb_dir" "flatbuffers==$fb_version"
   fi
 done
+
+# --- backends' own installs ------------------------------------------------------------------------------------
+# Each backend package beyond the core set keeps its installs (Debian packages, its SDK, its editable install) in
+# scripts/install.d/<backend>.sh, sourced here in name order with VENV, PIP and SUDO set; each step idempotent.
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+for step in scripts/install.d/*.sh; do
+  [ -e "$step" ] || continue
+  # shellcheck source=/dev/null
+  source "$step"
+done

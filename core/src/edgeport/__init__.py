@@ -18,6 +18,7 @@ from edgeport.backend import (
     OpCapability,
     PreprocessResult,
     RuntimeExecutor,
+    RuntimeOptions,
 )
 from edgeport.errors import (
     BackendNotFoundError,
@@ -89,6 +90,7 @@ __all__ = [
     "PreprocessResult",
     "ProgramError",
     "RuntimeExecutor",
+    "RuntimeOptions",
     "SerializationError",
     "UnsupportedOperatorError",
     "VerificationError",

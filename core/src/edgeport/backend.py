@@ -116,6 +116,46 @@ class CompileOptions:
         return cls(**values)
 
 
+@dataclass
+class RuntimeOptions:
+    """Base class of a backend's typed runtime options, given per backend when a method is loaded.
+
+    Subclasses declare dataclass fields with defaults (``num_threads: int = 0``). The runtime builds one with
+    :meth:`from_mapping` from ``load_method(name, backend_options={"<backend_id>": {...}})`` and passes it to
+    the executor's ``init`` as ``runtime_options=`` when ``init`` declares that parameter. Unlike compile
+    options, runtime options are not stored in the program: they describe the machine the program runs on
+    (threads, device, compute unit), not the program.
+    """
+
+    @classmethod
+    def from_mapping(cls, values: Any) -> RuntimeOptions:
+        """Options from a ``{name: value}`` mapping; unknown names and wrong types raise ``ValueError``."""
+        if isinstance(values, cls):
+            return values
+        if not isinstance(values, dict):
+            raise ValueError(f"{cls.__name__}: expected a dict of option values, got {type(values).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, value in values.items():
+            if name not in fields:
+                raise ValueError(f"{cls.__name__}: unknown runtime option {name!r}; known options: {sorted(fields)}")
+            _check_option_type(cls.__name__, name, fields[name], value)
+        return cls(**values)
+
+
+def _check_option_type(owner: str, name: str, f: dataclasses.Field, value: Any) -> None:
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if default is None or value is None:
+        return
+    expected = type(default)
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ValueError(
+            f"{owner}: runtime option {name!r} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+        )
+
+
 class RuntimeExecutor:
     """Interface of a backend's runtime executor (documented here; backends subclass or duck-type it).
 
@@ -181,6 +221,10 @@ class BackendSpec:
     compile_options: type[CompileOptions] | None = None
     is_available: Callable[[], tuple[bool, str]] = lambda: (True, "")
     description: str = ""
+    runtime_options: type[RuntimeOptions] | None = None
+    # processed bytes -> a JSON-able description (format/producer version, target, op counts, tensor bytes,
+    # compile options); shown by ``edgeport inspect``. Must not crash on bad bytes: raise ValueError instead.
+    describe_blob: Callable[[bytes | memoryview], dict[str, Any]] | None = None
     distribution: str | None = None  # filled in by the registry for entry-point plugins
 
     def __post_init__(self) -> None:
