@@ -11,7 +11,7 @@ from typing import Any
 
 from edgeport_xnnpack._version import __version__
 from edgeport_xnnpack.capabilities import BACKEND_ID, CAPABILITIES
-from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.options import XnnpackCompileOptions, XnnpackRuntimeOptions
 
 _LAZY = {
     "XnnpackPartitioner": "edgeport_xnnpack.partitioner",
@@ -35,6 +35,7 @@ __all__ = [
     "BACKEND_ID",
     "CAPABILITIES",
     "XnnpackCompileOptions",
+    "XnnpackRuntimeOptions",
     "XnnpackExecutor",
     "XnnpackPartitioner",
     "XnnpackQuantizer",

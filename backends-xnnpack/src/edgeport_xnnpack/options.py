@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edgeport.backend import CompileOptions, CompileSpec
+from edgeport.backend import CompileOptions, CompileSpec, RuntimeOptions
 
 
 @dataclass
@@ -41,3 +41,21 @@ class XnnpackCompileOptions(CompileOptions):
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ValueError(f"compile spec 'num_threads' is not JSON: {exc}") from exc
         return cls(**values)
+
+
+@dataclass
+class XnnpackRuntimeOptions(RuntimeOptions):
+    """Options given when a method is loaded: ``load_method(name, backend_options={"XnnpackBackend": {...}})``.
+
+    ``num_threads``: threads of the pthreadpool the delegates run with (1: on the caller's thread, no pool);
+    0 (the default) keeps the delegate's ``num_threads`` compile option, else ``EDGEPORT_XNNPACK_THREADS`` or
+    every core available to the process. Set here, it overrides the compile option: the thread count is a
+    property of the machine a program runs on, not of the program.
+    """
+
+    num_threads: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.num_threads
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
+            raise ValueError(f"XnnpackRuntimeOptions.num_threads must be an int in 0..1024, got {n!r}")

@@ -13,7 +13,7 @@ import edgeport
 from edgeport.backend import BackendSpec, PreprocessResult
 from edgeport_xnnpack._version import __version__
 from edgeport_xnnpack.capabilities import BACKEND_ID, capabilities
-from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.options import XnnpackCompileOptions, XnnpackRuntimeOptions
 
 
 def _preprocess(edge_program: Any, compile_specs: Any) -> PreprocessResult:
@@ -65,6 +65,7 @@ def edgeport_register_backends(registry: Any) -> None:
             quantizers={"int8": _int8_quantizer},
             capabilities=capabilities,
             compile_options=XnnpackCompileOptions,
+            runtime_options=XnnpackRuntimeOptions,
             is_available=_is_available,
             description="CPU: the XNNPACK library (libXNNPACK) through its C subgraph API; "
             "blobs in ExecuTorch's XNNPACK delegate format",

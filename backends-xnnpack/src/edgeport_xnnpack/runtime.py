@@ -42,7 +42,7 @@ from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack._specialize import Plan, Specializer, specializations_from_env
 from edgeport_xnnpack._steps import HostStep, NativeStep, ShuffleStep, XnnpackHandle
 from edgeport_xnnpack.capabilities import BACKEND_ID
-from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.options import XnnpackCompileOptions, XnnpackRuntimeOptions
 from edgeport_xnnpack.schema.graph import (
     CAT_INPUTS,
     FP32,
@@ -393,8 +393,12 @@ class XnnpackExecutor(RuntimeExecutor):
         return native.is_available()
 
     def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec] = (), *,
-             named_data: NamedData | None = None) -> XnnpackHandle:
-        return load(processed, compile_specs, named_data, self.num_threads, self.max_specializations)
+             named_data: NamedData | None = None,
+             runtime_options: XnnpackRuntimeOptions | None = None) -> XnnpackHandle:
+        threads = self.num_threads
+        if runtime_options is not None and runtime_options.num_threads:
+            threads = runtime_options.num_threads
+        return load(processed, compile_specs, named_data, threads, self.max_specializations)
 
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ from edgeport.backend import (
 )
 from edgeport.errors import (
     BackendNotFoundError,
+    BackendOptionsError,
     EdgeportError,
     ExportError,
     LoweringError,
@@ -73,6 +74,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BackendOptionsError",
     "BackendNotFoundError",
     "BackendRegistry",
     "BackendSpec",

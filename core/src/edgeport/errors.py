@@ -45,3 +45,7 @@ class ProgramError(EdgeportError):
 
 class RuntimeExecutionError(EdgeportError):
     """Running a loaded method failed."""
+
+
+class BackendOptionsError(EdgeportError, ValueError):
+    """Runtime options given at load name a backend the program does not use, an unknown option or a wrong type."""

@@ -18,10 +18,13 @@ neither torch nor any backend SDK; its dependencies are numpy and flatbuffers.
 from __future__ import annotations
 
 from edgeport.runtime._api import LoadedProgram, Method, MethodMeta, Program, Runtime, TensorInfo, load
+from edgeport.runtime._backends import BackendStatus, backends
 from edgeport.runtime._delegates import FALLBACK_COMPILE_SPEC
 from edgeport.runtime._profile import DelegateInfo, MethodProfile
 
 __all__ = [
+    "BackendStatus",
+    "backends",
     "FALLBACK_COMPILE_SPEC",
     "DelegateInfo",
     "LoadedProgram",

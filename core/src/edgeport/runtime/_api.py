@@ -6,7 +6,7 @@ import mmap as _mmap
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Union
@@ -17,6 +17,7 @@ from edgeport.errors import ProgramError
 from edgeport.program import schema as S
 from edgeport.program.reader import LoadedPte, load_pte
 from edgeport.program.verify import verify_program
+from edgeport.runtime._backends import BackendStatus, backend_status, resolve_backend_options
 from edgeport.runtime._execute import MethodRunner
 from edgeport.runtime._method import MethodPlan
 from edgeport.runtime._profile import MethodProfile
@@ -199,8 +200,19 @@ class Program:
     def metadata(self, method_name: str) -> MethodMeta:
         return _meta_of(self._loaded.program.execution_plan[self._plan_index(method_name)])
 
+    def required_backends(self) -> list[BackendStatus]:
+        """The backends this program's delegates call (every method), each with whether this machine has it."""
+        return [backend_status(b) for b in self._backend_ids()]
+
+    def _backend_ids(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for plan in self._loaded.program.execution_plan:
+            for d in plan.delegates:
+                seen.setdefault(d.id, None)
+        return list(seen)
+
     def load_method(self, name: str = "forward", *, allow_fallback: bool = False,
-                    fold_constants: bool = True) -> Method:
+                    fold_constants: bool = True, backend_options: Mapping[str, Any] | None = None) -> Method:
         """Resolve kernels and delegates of ``name`` and return a runnable :class:`Method`.
 
         Raises ``UnsupportedOperatorError`` for an op without a kernel and ``BackendNotFoundError`` for a
@@ -211,12 +223,19 @@ class Program:
 
         ``fold_constants`` runs kernel calls whose inputs are all constants (weight permutes and expands) once,
         here, instead of on every execution (``method.profile.folded_instructions`` counts them).
+
+        ``backend_options`` gives backends their runtime options, e.g. ``{"XnnpackBackend": {"num_threads": 1}}``
+        (each backend's ``BackendSpec.runtime_options`` says which it takes; ``edgeport.runtime.backends()``
+        lists them). A backend the program does not use, an unknown option or a wrong type raises
+        ``BackendOptionsError`` before any delegate is initialised.
         """
         from edgeport.registry import kernel_registry
 
+        index = self._plan_index(name)
+        options = resolve_backend_options(backend_options, self._backend_ids())
         kernels = self._kernels if self._kernels is not None else kernel_registry()
-        plan = MethodPlan(self, self._plan_index(name), kernels, allow_fallback=allow_fallback,
-                          fold_constants=fold_constants)
+        plan = MethodPlan(self, index, kernels, allow_fallback=allow_fallback,
+                          fold_constants=fold_constants, backend_options=options)
         return Method(self, plan)
 
     def __repr__(self) -> str:
@@ -282,9 +301,11 @@ class Runtime:
 class LoadedProgram:
     """What :func:`load` returns: every method is an attribute (``m.forward(x)``) or an item (``m["forward"]``)."""
 
-    def __init__(self, program: Program, allow_fallback: bool = False) -> None:
+    def __init__(self, program: Program, allow_fallback: bool = False,
+                 backend_options: Mapping[str, Any] | None = None) -> None:
         self.program = program
         self._allow_fallback = allow_fallback
+        self._backend_options = backend_options
         self._methods: dict[str, Method] = {}
         self._lock = threading.Lock()
 
@@ -296,7 +317,8 @@ class LoadedProgram:
         with self._lock:
             m = self._methods.get(name)
             if m is None:
-                m = self._methods[name] = self.program.load_method(name, allow_fallback=self._allow_fallback)
+                m = self._methods[name] = self.program.load_method(name, allow_fallback=self._allow_fallback,
+                                                                   backend_options=self._backend_options)
             return m
 
     def __getattr__(self, name: str) -> Method:
@@ -314,7 +336,11 @@ class LoadedProgram:
         return f"<edgeport program methods={sorted(self.method_names)}>"
 
 
-def load(path_or_bytes: ProgramSource, *, allow_fallback: bool = False, mmap: bool = True) -> LoadedProgram:
+def load(path_or_bytes: ProgramSource, *, allow_fallback: bool = False, mmap: bool = True,
+         backend_options: Mapping[str, Any] | None = None) -> LoadedProgram:
     """Load a ``.pte`` and return an object whose methods are callables: ``edgeport.load(p).forward(x)``
-    (or ``edgeport.load(p)(x)`` for ``forward``); each returns a list of numpy arrays."""
-    return LoadedProgram(Runtime.get().load_program(path_or_bytes, mmap=mmap), allow_fallback)
+    (or ``edgeport.load(p)(x)`` for ``forward``); each returns a list of numpy arrays. ``backend_options`` as
+    for :meth:`Program.load_method`, checked here against the program's backends."""
+    program = Runtime.get().load_program(path_or_bytes, mmap=mmap)
+    resolve_backend_options(backend_options, program._backend_ids())
+    return LoadedProgram(program, allow_fallback, backend_options)

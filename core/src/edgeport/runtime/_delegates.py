@@ -47,6 +47,15 @@ def _accepts_named_data(init: Callable[..., Any]) -> bool:
     return "named_data" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
+def _accepts_runtime_options(init: Callable[..., Any]) -> bool:
+    """Whether an executor's ``init`` declares ``runtime_options`` (by name: a bare ``**kwargs`` does not count)."""
+    try:
+        p = inspect.signature(init).parameters.get("runtime_options")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
 def _accepts_out(execute: Callable[..., Any]) -> bool:
     """Whether an executor's ``execute`` declares a keyword parameter ``out`` (the planned output arrays to write
     into). A bare ``**kwargs`` does not count: the executor must opt in by name."""
@@ -74,11 +83,12 @@ class Delegates:
     """
 
     def __init__(self, where: str, profile: MethodProfile, allow_fallback: bool,
-                 load_fallback: Callable[[int, str], Any]) -> None:
+                 load_fallback: Callable[[int, str], Any], backend_options: dict[str, Any] | None = None) -> None:
         self.where = where
         self.profile = profile
         self.allow_fallback = allow_fallback
         self.load_fallback = load_fallback
+        self.backend_options = backend_options or {}  # backend id -> its RuntimeOptions (already validated)
         self.items: list[Delegate] = []
         self._handles: list[tuple[Any, Any]] = []  # (executor, handle) to destroy
         self._fallbacks: list[Any] = []  # runners of fallback methods
@@ -125,7 +135,13 @@ class Delegates:
                 hint = "; the program carries no portable fallback for this delegate"
             raise BackendNotFoundError(f"{at}: {reason}{hint}")
         processed = lp.delegate_data(plan_index, di)
-        kwargs = {"named_data": lp.named_data} if _accepts_named_data(executor.init) else {}
+        kwargs: dict[str, Any] = {"named_data": lp.named_data} if _accepts_named_data(executor.init) else {}
+        options = self.backend_options.get(d.id)
+        if options is not None:
+            if not _accepts_runtime_options(executor.init):
+                raise BackendNotFoundError(f"{at}: runtime options were given, but the executor's init does not "
+                                           "declare a runtime_options parameter (a bug in the backend)")
+            kwargs["runtime_options"] = options
         try:
             handle = executor.init(memoryview(processed), list(d.compile_specs), **kwargs)
         except EdgeportError:
@@ -133,7 +149,7 @@ class Delegates:
         except Exception as exc:  # noqa: BLE001 - report a bad blob as a program error
             raise ProgramError(f"{at}: executor init failed: {type(exc).__name__}: {exc}") from exc
         self._handles.append((executor, handle))
-        self.profile.delegates.append(DelegateInfo(di, d.id, "backend"))
+        self.profile.delegates.append(DelegateInfo(di, d.id, "backend", runtime_options=options))
         lock = None if getattr(executor, "thread_safe", False) else threading.Lock()
         return Delegate("backend", d.id, executor, handle, lock, _accepts_out(executor.execute))
 

@@ -38,7 +38,8 @@ class MethodPlan:
     """
 
     def __init__(self, owner: Any, plan_index: int, kernels: Any, *, allow_fallback: bool = False,
-                 fold_constants: bool = True, _fallback_depth: int = 0) -> None:
+                 fold_constants: bool = True, backend_options: dict[str, Any] | None = None,
+                 _fallback_depth: int = 0) -> None:
         self.owner = owner
         lp = owner._loaded
         self.plan: S.ExecutionPlan = lp.program.execution_plan[plan_index]
@@ -47,7 +48,9 @@ class MethodPlan:
         self.kernels = kernels
         self._fallback_depth = _fallback_depth
         self.profile = MethodProfile(self.name)
-        self._delegates = Delegates(self.where, self.profile, allow_fallback, self._load_fallback)
+        self.backend_options = dict(backend_options or {})
+        self._delegates = Delegates(self.where, self.profile, allow_fallback, self._load_fallback,
+                                    self.backend_options)
         try:
             self._load(lp, plan_index, fold_constants)
         except BaseException:
@@ -91,7 +94,7 @@ class MethodPlan:
         if self._fallback_depth > _MAX_FALLBACK_DEPTH:
             raise ProgramError(f"{self.where}: portable fallbacks nest too deeply")
         sub = MethodPlan(self.owner, names.index(method), self.kernels, allow_fallback=True,
-                         _fallback_depth=self._fallback_depth + 1)
+                         backend_options=self.backend_options, _fallback_depth=self._fallback_depth + 1)
         return MethodRunner(sub)
 
     def new_context(self) -> Context:

@@ -17,6 +17,7 @@ class DelegateInfo:
     status: str  # "backend" or "fallback"
     reason: str = ""
     fallback_method: str | None = None
+    runtime_options: Any = None  # the backend's RuntimeOptions given at load (backend_options=), if any
 
 
 @dataclass
