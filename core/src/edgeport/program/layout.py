@@ -18,7 +18,8 @@ from typing import Any
 
 from edgeport.program import schema
 
-__all__ = ["FILE_IDENTIFIER", "SCALARS", "Field", "Layout", "Table", "layout", "parse_fbs"]
+__all__ = ["FILE_IDENTIFIER", "SCALARS", "Field", "Layout", "Table", "build_layout", "layout", "parse_fbs",
+           "read_schema_text"]
 
 FILE_IDENTIFIER = b"ET12"
 
@@ -114,16 +115,20 @@ def parse_fbs(text: str) -> dict[str, Any]:
     return out
 
 
-def _build(parsed: dict[str, Any]) -> Layout:
+def _build(parsed: dict[str, Any], classes: dict[str, type] | None = None, enum_ns: Any = None) -> Layout:
+    """The layout of a parsed schema; ``classes`` maps its table names to dataclasses (default: program.fbs's
+    ``schema.TABLES``) and ``enum_ns`` holds its IntEnum classes by name (default: ``schema``)."""
+    classes = schema.TABLES if classes is None else classes
+    enum_ns = schema if enum_ns is None else enum_ns
     enums: dict[str, tuple[str, type[IntEnum]]] = {}
     for name, (underlying, members) in parsed["enums"].items():
-        cls = getattr(schema, name)
+        cls = getattr(enum_ns, name)
         if {m.name: int(m) for m in cls} != members:
             raise RuntimeError(f"schema.{name} does not match enum {name} of program.fbs")
         enums[name] = (underlying, cls)
     tables: dict[str, Table] = {}
     for tname, raw_fields in parsed["tables"].items():
-        cls = schema.TABLES.get(tname)
+        cls = classes.get(tname)
         if cls is None:
             raise RuntimeError(f"no dataclass for table {tname} of program.fbs")
         py_fields = dataclasses.fields(cls)
@@ -168,10 +173,20 @@ def _build(parsed: dict[str, Any]) -> Layout:
             fields.append(f)
             slot += 1
         tables[tname] = Table(tname, cls, tuple(fields), slot)
-    missing = set(schema.TABLES) - set(tables)
+    missing = set(classes) - set(tables)
     if missing:
         raise RuntimeError(f"dataclasses without a table in program.fbs: {sorted(missing)}")
     return Layout(tables, dict(parsed["unions"]), enums, parsed["file_identifier"], parsed["root"])
+
+
+def build_layout(fbs_texts: list[str], classes: dict[str, type], enum_ns: Any) -> Layout:
+    """The layout of another schema of the same flatbuffers subset (e.g. the FlatTensor ``.ptd`` schema)."""
+    return _build(parse_fbs("\n".join(fbs_texts)), classes, enum_ns)
+
+
+def read_schema_text(name: str) -> str:
+    """The text of one of the ``.fbs`` files shipped in ``edgeport.program``."""
+    return _read_fbs(name)
 
 
 def _read_fbs(name: str) -> str:
