@@ -60,6 +60,7 @@ _LAZY = {
     "PartitionResult": "edgeport.aot.partitioner",
     "CapabilityBasedPartitioner": "edgeport.aot.capability_partitioner",
     "ExportPass": "edgeport.aot.passes.base",
+    "tag_delegate_constants": "edgeport.aot.passes.external_constants",
     "load": "edgeport.runtime",
 }
 

@@ -40,6 +40,7 @@ class NamedDataEntry:
 
     data: bytes
     alignment: int = DEFAULT_NAMED_DATA_ALIGNMENT
+    external_tag: str | None = None  # None: in the .pte; else the .ptd file (tag) it is written to
 
 
 @dataclass
@@ -59,8 +60,11 @@ class NamedDataStore:
         self._entries: dict[str, NamedDataEntry] = {}
 
     def add_named_data(self, key: str, data: bytes | bytearray | memoryview,
-                       alignment: int = DEFAULT_NAMED_DATA_ALIGNMENT) -> str:
+                       alignment: int = DEFAULT_NAMED_DATA_ALIGNMENT, external_tag: str | None = None) -> str:
         """Store ``data`` under ``key``; adding the same bytes again is a no-op (the larger alignment wins).
+
+        ``external_tag`` (ExecuTorch's name) writes the entry to the ``<external_tag>.ptd`` data file instead of
+        the program (``ExecutorchProgramManager.write_tensor_data_to_file``).
 
         Raises :class:`~edgeport.errors.SerializationError` when ``key`` already holds different bytes.
         Returns ``key``.
@@ -68,6 +72,9 @@ class NamedDataStore:
         if not isinstance(key, str) or not key:
             raise SerializationError(f"named data key must be a non-empty str, got {key!r}")
         _check_alignment(key, alignment)
+        if external_tag is not None and (not isinstance(external_tag, str) or not external_tag):
+            raise SerializationError(f"named data {key!r}: external_tag must be a non-empty str or None, "
+                                     f"got {external_tag!r}")
         content = bytes(data)
         old = self._entries.get(key)
         if old is not None:
@@ -75,27 +82,37 @@ class NamedDataStore:
                 raise SerializationError(
                     f"named data {key!r} is already stored with different bytes ({len(old.data)} vs {len(content)}); "
                     "use a unique key per weight, e.g. edgeport.named_data.content_key(data)")
+            if old.external_tag != external_tag:
+                raise SerializationError(f"named data {key!r} is added with external_tag {old.external_tag!r} "
+                                         f"and {external_tag!r}; one key lives in one file")
             alignment = max(alignment, old.alignment)
-        self._entries[key] = NamedDataEntry(content, alignment)
+        self._entries[key] = NamedDataEntry(content, alignment, external_tag)
         return key
 
     def add_content(self, data: bytes | bytearray | memoryview,
-                    alignment: int = DEFAULT_NAMED_DATA_ALIGNMENT) -> str:
+                    alignment: int = DEFAULT_NAMED_DATA_ALIGNMENT, external_tag: str | None = None) -> str:
         """Store ``data`` under its :func:`content_key`; returns the key."""
-        return self.add_named_data(content_key(data), data, alignment)
+        return self.add_named_data(content_key(data), data, alignment, external_tag)
 
     def output(self) -> NamedDataStoreOutput:
         return NamedDataStoreOutput(dict(self._entries))
 
 
 def merge_named_data(outputs: Iterable[tuple[str, NamedDataStoreOutput | None]]) -> dict[str, tuple[bytes, int]]:
-    """Merge the stores of several delegates (``(who, output)`` pairs) into ``key -> (bytes, alignment)``.
+    """Merge the stores of several delegates (``(who, output)`` pairs) into ``key -> (bytes, alignment)``: the
+    entries that live in the program (no external tag); see :func:`merge_named_data_by_tag` for all.
 
     The same key with the same bytes is stored once; the same key with different bytes raises
     :class:`~edgeport.errors.SerializationError` naming both delegates.
     """
-    merged: dict[str, tuple[bytes, int]] = {}
-    owner: dict[str, str] = {}
+    return merge_named_data_by_tag(outputs).get(None, {})
+
+
+def merge_named_data_by_tag(outputs: Iterable[tuple[str, NamedDataStoreOutput | None]]
+                            ) -> dict[str | None, dict[str, tuple[bytes, int]]]:
+    """Like :func:`merge_named_data`, grouped by external tag (``None``: the program itself)."""
+    merged: dict[str | None, dict[str, tuple[bytes, int]]] = {}
+    owner: dict[str, tuple[str, str | None, bytes]] = {}
     for who, output in outputs:
         if output is None:
             continue
@@ -104,12 +121,13 @@ def merge_named_data(outputs: Iterable[tuple[str, NamedDataStoreOutput | None]])
                 f"{who}: data_store_output must be a NamedDataStoreOutput (NamedDataStore().output()), "
                 f"got {type(output).__name__}")
         for key, entry in output.entries.items():
-            old = merged.get(key)
-            if old is not None and old[0] != entry.data:
+            first = owner.get(key)
+            if first is not None and first[2] != entry.data:
                 raise SerializationError(
-                    f"named data {key!r} is stored by {owner[key]} and by {who} with different bytes; "
+                    f"named data {key!r} is stored by {first[0]} and by {who} with different bytes; "
                     "backends must use unique keys (e.g. edgeport.named_data.content_key)")
-            merged[key] = (entry.data, max(entry.alignment, old[1]) if old else entry.alignment)
-            owner.setdefault(key, who)
+            group = merged.setdefault(entry.external_tag, {})
+            old = group.get(key)
+            group[key] = (entry.data, max(entry.alignment, old[1]) if old else entry.alignment)
+            owner.setdefault(key, (who, entry.external_tag, entry.data))
     return merged
-

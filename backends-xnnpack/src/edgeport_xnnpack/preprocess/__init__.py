@@ -28,7 +28,7 @@ from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.preprocess import dynamic, passes
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
-from edgeport_xnnpack.preprocess.named_constants import move_constants_to_named_data
+from edgeport_xnnpack.preprocess.named_constants import external_tag_of, move_constants_to_named_data
 from edgeport_xnnpack.preprocess.quantized import QuantPlan
 from edgeport_xnnpack.preprocess.registry import LOWERINGS
 from edgeport_xnnpack.preprocess.views import Views
@@ -205,5 +205,9 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
         if b.views.enabled:  # float partitions; quantized ones keep the op-by-op lowering and its order
             data = passes.prune(graph, b.data)
             passes.schedule(graph)
-    named = move_constants_to_named_data(graph, data)
+    try:
+        tag = external_tag_of(edge_program)
+    except ValueError as exc:
+        raise LoweringError(str(exc)) from exc
+    named = move_constants_to_named_data(graph, data, tag)
     return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map={}, data_store_output=named)

@@ -9,16 +9,49 @@ SHA-256 of its bytes (identical weights across partitions and methods are stored
 
 from __future__ import annotations
 
+from typing import Any
+
 from edgeport.named_data import NamedDataStore, NamedDataStoreOutput
 from edgeport_xnnpack.schema.graph import UINT64_MAX, ConstantDataOffset, Graph
 
 NAMED_DATA_ALIGNMENT = 16
 
 
-def move_constants_to_named_data(graph: Graph, data: bytes | bytearray | memoryview) -> NamedDataStoreOutput:
+DELEGATE_CONSTANT_TAG = "delegate_constant_tag"
+"""``node.meta["custom"][DELEGATE_CONSTANT_TAG]`` on a weight's placeholder names the ``.ptd`` file (tag) its
+named data goes to (ExecuTorch's key; ``edgeport.aot.tag_delegate_constants`` sets it)."""
+
+
+def external_tag_of(edge_program: Any) -> str | None:
+    """The one ``.ptd`` tag the partition's weights carry, or None when none is tagged.
+
+    Constants are transformed on the way into the blob (packed, folded, permuted), so an entry cannot be traced
+    back to one placeholder: a partition's weights go to one file or stay in the program. Mixed tags in one
+    partition are refused with what to do.
+    """
+    sig = edge_program.graph_signature
+    constant_inputs = set(sig.inputs_to_parameters) | set(sig.inputs_to_buffers) | set(
+        getattr(sig, "inputs_to_lifted_tensor_constants", {}))
+    tags = {}
+    for node in edge_program.graph.nodes:
+        if node.op == "placeholder" and node.name in constant_inputs:
+            tags[node.name] = (node.meta.get("custom") or {}).get(DELEGATE_CONSTANT_TAG)
+    distinct = set(tags.values())
+    if distinct <= {None}:
+        return None
+    if len(distinct) > 1:
+        raise ValueError(f"the partition's weights carry different .ptd tags ({sorted(map(str, distinct))}); tag every "
+                         "weight of a partition the same (or none), e.g. with one gen_tag_fn result per model")
+    (tag,) = distinct
+    return tag
+
+
+def move_constants_to_named_data(graph: Graph, data: bytes | bytearray | memoryview,
+                                 external_tag: str | None = None) -> NamedDataStoreOutput:
     """Rewrite ``graph.constant_data`` to named keys (offset ``UINT64_MAX``) and return the store of their bytes.
 
     Entry 0 (no data) and empty entries stay as they are; after this the blob's constant region is empty.
+    ``external_tag``: write the bytes to ``<external_tag>.ptd`` instead of the program.
     """
     store = NamedDataStore()
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
@@ -30,7 +63,7 @@ def move_constants_to_named_data(graph: Graph, data: bytes | bytearray | memoryv
         if entry.offset > len(view) or entry.size > len(view) - entry.offset:
             raise ValueError(f"constant_data[{i}] [{entry.offset}, +{entry.size}) lies outside the "
                              f"{len(view)}-byte constant data")
-        key = store.add_content(view[entry.offset:entry.offset + entry.size], NAMED_DATA_ALIGNMENT)
+        key = store.add_content(view[entry.offset:entry.offset + entry.size], NAMED_DATA_ALIGNMENT, external_tag)
         moved.append(ConstantDataOffset(UINT64_MAX, entry.size, key))
     graph.constant_data = moved
     return store.output()

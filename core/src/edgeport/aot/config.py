@@ -45,6 +45,11 @@ class ExecutorchBackendConfig:
     every delegate, a method ``<method>__fallback_<n>`` that computes the partition with portable kernels, and
     names it in the delegate's ``edgeport.portable_fallback`` compile spec, so a runtime without the backend can
     run the program when the caller allows it (``load_method(..., allow_fallback=True)``).
+    ``external_constants`` (ExecuTorch's name and meaning) moves constants out of the program into ``.ptd`` data
+    files: ``True`` moves every parameter and buffer to ``_default_external_constant.ptd``; a callable maps each
+    constant's placeholder node to a file tag (``<tag>.ptd``) or ``None`` (stays in the program). Write the files
+    with ``ExecutorchProgramManager.write_tensor_data_to_file(outdir)``; load with
+    ``Runtime.get().load_program(pte, data_path=...)``.
     """
 
     passes: Sequence[Callable[..., Any]] = field(default_factory=list)
@@ -57,9 +62,13 @@ class ExecutorchBackendConfig:
     delegate_alignment: int | None = None
     memory_alignment: int = 16
     portable_fallbacks: bool = False
+    external_constants: bool | Callable[[Any], str | None] = False
 
     def __post_init__(self) -> None:
         _check_power_of_two("segment_alignment", self.segment_alignment)
         _check_power_of_two("constant_tensor_alignment", self.constant_tensor_alignment)
         _check_power_of_two("delegate_alignment", self.delegate_alignment)
         _check_power_of_two("memory_alignment", self.memory_alignment)
+        if not (isinstance(self.external_constants, bool) or callable(self.external_constants)):
+            raise ValueError("external_constants must be True, False or a callable (node -> file tag or None), "
+                             f"got {self.external_constants!r}")

@@ -44,6 +44,10 @@ class PlannedTensor:
     dynamic: bool
 
 
+DEFAULT_EXTERNAL_TAG = "_default_external_constant"
+"""The file tag (``<tag>.ptd``) of constants moved out by ``external_constants=True`` (ExecuTorch's name)."""
+
+
 @dataclass
 class ProgramTables:
     """Program-wide tables shared by all methods: constants and delegate blobs (deduplicated)."""
@@ -53,6 +57,36 @@ class ProgramTables:
     delegate_data: list[S.BackendDelegateInlineData] = field(default_factory=list)
     named_data: list[tuple[str, Any]] = field(default_factory=list)  # (which delegate, its data_store_output)
     keep_alive: list[Any] = field(default_factory=list)
+    #: ``ExecutorchBackendConfig.external_constants``: False, True, or node -> file tag or None
+    external_constants: Any = False
+    #: tag -> fully qualified name -> (bytes, dtype, sizes) of constants written to ``<tag>.ptd``
+    external_data: dict[str, dict[str, tuple[bytes, torch.dtype, list[int], int]]] = field(default_factory=dict)
+    external_count: int = 0
+
+    def external_tag(self, node: torch.fx.Node, fqn: str) -> str | None:
+        """The ``.ptd`` tag of a constant placeholder, or None to keep it in the program (ExecuTorch's rules:
+        ``True`` moves every parameter, buffer and non-lifted constant; a callable decides per node)."""
+        rule = self.external_constants
+        if rule is False or rule is None or "_lifted_tensor" in node.name:
+            return None
+        tag = DEFAULT_EXTERNAL_TAG if rule is True else rule(node)
+        if tag is not None and (not isinstance(tag, str) or not tag):
+            raise SerializationError(f"external_constants returned {tag!r} for {fqn!r}: expected a file tag (str) "
+                                     "or None")
+        return tag
+
+    def external(self, tag: str, fqn: str, tensor: torch.Tensor) -> int:
+        """Record ``tensor`` under ``fqn`` in ``<tag>.ptd``; returns the index ExecuTorch writes as data_buffer_idx."""
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        group = self.external_data.setdefault(tag, {})
+        old = group.get(fqn)
+        if old is not None and old[0] != data:
+            raise SerializationError(f"constant {fqn!r} has different values in two methods; both would be written "
+                                     f"under that name to {tag}.ptd: give the methods' modules distinct names")
+        if old is None:
+            old = group[fqn] = (data, tensor.dtype, [int(d) for d in tensor.shape], self.external_count)
+            self.external_count += 1
+        return old[3]
 
     def constant(self, tensor: torch.Tensor) -> int:
         key = id(tensor)
@@ -312,6 +346,13 @@ class MethodEmitter:
                 tensor = self.ep.constants.get(spec.target)
             if not isinstance(tensor, torch.Tensor):
                 raise SerializationError(f"method {self.name!r}: no data for constant {spec.target!r}")
+            tag = self.tables.external_tag(node, spec.target)
+            if tag is not None:
+                index = self._tensor_value(tensor, data_idx=self.tables.external(tag, spec.target, tensor))
+                self.values[index].val.extra_tensor_info = S.ExtraTensorInfo(
+                    fully_qualified_name=spec.target, location=S.TensorDataLocation.EXTERNAL)
+                self.node_value[node] = index
+                return
             self.node_value[node] = self._tensor_value(tensor, data_idx=self.tables.constant(tensor))
             return
         raise UnsupportedOperatorError(f"method {self.name!r}: input kind {spec.kind.name} is not supported")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import operator
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from edgeport.aot.memory_planning import MemoryPlan, TensorLifetime, plan_memory
 from edgeport.aot.passes.out_variants import storage_root, to_out_variants
 from edgeport.aot.transform import transform_program
 from edgeport.errors import SerializationError, UnsupportedOperatorError
-from edgeport.named_data import merge_named_data
+from edgeport.named_data import merge_named_data_by_tag
 from edgeport.program import schema as S
 
 
@@ -130,19 +131,22 @@ class ExecutorchProgramManager:
     def __init__(self, execution_programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
                  backend_config: ExecutorchBackendConfig, program: S.Program,
                  memory_reports: list[MethodMemoryReport],
-                 named_data: dict[str, tuple[bytes, int]] | None = None) -> None:
+                 named_data: dict[str, tuple[bytes, int]] | None = None,
+                 external_data: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self._execution_programs = dict(execution_programs)
         self._config_methods = dict(config_methods)
         self._config = backend_config
         self._program = program
         self.memory_reports = memory_reports
         self._named_data = dict(named_data or {})
+        self._external_data = {tag: dict(entries) for tag, entries in (external_data or {}).items()}
+        self._tensor_data: dict[str, bytes] | None = None
         self._buffer: bytes | None = None
 
     @classmethod
     def from_edge_programs(cls, programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
                            config: ExecutorchBackendConfig) -> ExecutorchProgramManager:
-        tables = ProgramTables()
+        tables = ProgramTables(external_constants=config.external_constants)
         plans: list[S.ExecutionPlan] = []
         executions: dict[str, ExportedProgram] = {}
         reports = []
@@ -169,7 +173,20 @@ class ExecutorchProgramManager:
             segments=[],
             constant_segment=S.SubsegmentOffsets(0, []),
         )
-        return cls(executions, config_methods, config, program, reports, merge_named_data(tables.named_data))
+        named = merge_named_data_by_tag(tables.named_data)
+        external: dict[str, dict[str, Any]] = {}
+        for tag, constants in tables.external_data.items():
+            external.setdefault(tag, {}).update(
+                {fqn: ("tensor", data, dtype, sizes) for fqn, (data, dtype, sizes, _) in constants.items()})
+        for tag, entries in named.items():
+            if tag is None:
+                continue
+            group = external.setdefault(tag, {})
+            for key, (data, alignment) in entries.items():
+                if key in group:
+                    raise SerializationError(f"{tag}.ptd: key {key!r} is both a constant and a backend's named data")
+                group[key] = ("blob", data, alignment)
+        return cls(executions, config_methods, config, program, reports, named.get(None, {}), external)
 
     @property
     def methods(self) -> set[str]:
@@ -211,6 +228,39 @@ class ExecutorchProgramManager:
             except SerializationError:
                 raise
         return self._buffer
+
+    @property
+    def tensor_data(self) -> dict[str, bytes]:
+        """The ``.ptd`` data files of the program, by file tag (empty unless constants or named data are external)."""
+        if self._tensor_data is None:
+            from edgeport.aot.emitter import scalar_type
+            from edgeport.program.ptd import DataEntry, TensorLayout, serialize_ptd
+
+            files: dict[str, bytes] = {}
+            for tag, group in self._external_data.items():
+                entries: dict[str, DataEntry] = {}
+                for key, item in group.items():
+                    if item[0] == "tensor":
+                        _, data, dtype, sizes = item
+                        layout = TensorLayout(scalar_type(dtype), list(sizes), list(range(len(sizes))))
+                        entries[key] = DataEntry(data, self._config.constant_tensor_alignment or 16, layout)
+                    else:
+                        entries[key] = DataEntry(item[1], item[2])
+                files[tag] = serialize_ptd(entries, self._config.segment_alignment)
+            self._tensor_data = files
+        return self._tensor_data
+
+    def write_tensor_data_to_file(self, outdir: str | os.PathLike[str]) -> list[str]:
+        """Write each ``.ptd`` data file to ``outdir/<tag>.ptd`` atomically; returns the paths written."""
+        from edgeport.program.pte import write_pte_file
+
+        paths = []
+        for tag, data in self.tensor_data.items():
+            name = tag if tag.endswith(".ptd") else f"{tag}.ptd"
+            path = os.path.join(os.fspath(outdir), name)
+            write_pte_file(path, data)
+            paths.append(path)
+        return paths
 
     def write_to_file(self, open_file: io.BufferedIOBase) -> None:
         open_file.write(self.buffer)

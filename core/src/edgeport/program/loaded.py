@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgeport.errors import ProgramError
 from edgeport.program import schema
@@ -34,6 +35,7 @@ class LoadedPte:
     segments: list[memoryview]
     inline_constants: list[memoryview] = field(default_factory=list)
     inline_delegate_data: list[memoryview] = field(default_factory=list)
+    external: Any = None  # edgeport.program.ptd.ExternalData: the .ptd files given with the program, if any
 
     def release(self) -> None:
         """Release this object's views of the buffer (e.g. before closing an mmap); views handed out to callers
@@ -112,11 +114,51 @@ class LoadedPte:
         return self.inline_delegate_data[ref.index]
 
     def named_data(self, key: str) -> memoryview:
-        """Bytes stored under ``key`` in ``Program.named_data``."""
+        """Bytes stored under ``key`` in ``Program.named_data``, else in the data files given with the program."""
         for entry in self.program.named_data or []:
             if entry.key == key:
                 return self.segments[entry.segment_index]
-        raise ProgramError(f"no named data {key!r}")
+        if self.external is not None:
+            found = self.external.find(key)
+            if found is not None:
+                return found[0]
+            raise ProgramError(f"no named data {key!r} in the program or in its data files {self.external.names}: "
+                               "the .ptd given is not the one written with this program")
+        raise ProgramError(f"no named data {key!r} in the program; if it was written with external data, pass its "
+                           ".ptd file: load_program(pte, data_path=...)")
+
+    def external_tensor(self, tensor: schema.Tensor, where: str = "tensor") -> memoryview:
+        """The bytes of a constant stored outside the program, checked against the tensor the program declares."""
+        info = tensor.extra_tensor_info
+        key = info.fully_qualified_name if info is not None else None
+        if not key:
+            raise ProgramError(f"{where}: constant stored outside the program has no fully qualified name")
+        if self.external is None:
+            raise ProgramError(f"{where}: constant {key!r} is stored outside the program (external data); pass its "
+                               ".ptd file: load_program(pte, data_path='<tag>.ptd')")
+        found = self.external.find(key)
+        if found is None:
+            raise ProgramError(f"{where}: constant {key!r} is in none of the data files {self.external.names}: "
+                               "the .ptd given is not the one written with this program")
+        data, layout, name = found
+        if layout is not None and (int(layout.scalar_type) != int(tensor.scalar_type)
+                                   or list(layout.sizes) != list(tensor.sizes)):
+            raise ProgramError(
+                f"{where}: constant {key!r} in data file {name} is {_dtype_name(layout.scalar_type)}"
+                f"{list(layout.sizes)}, the program expects {_dtype_name(tensor.scalar_type)}"
+                f"{list(tensor.sizes)}: the .ptd belongs to another model")
+        nbytes = tensor_nbytes(tensor, where)
+        if len(data) < nbytes:
+            raise ProgramError(f"{where}: constant {key!r} in data file {name} has {len(data)} bytes, the program "
+                               f"expects {nbytes}: the .ptd belongs to another model or is corrupt")
+        return data
+
+
+def _dtype_name(value: int) -> str:
+    try:
+        return schema.ScalarType(int(value)).name
+    except ValueError:
+        return f"scalar type {int(value)}"
 
 
 def tensor_nbytes(tensor: schema.Tensor, where: str = "tensor") -> int:

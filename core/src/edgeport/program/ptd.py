@@ -28,7 +28,7 @@ from edgeport.program.flatbuffer_writer import _Writer, is_power_of_two
 from edgeport.program.layout import Layout, build_layout, read_schema_text
 from edgeport.program.reader import _byte_view, _Decoder
 
-__all__ = ["FLAT_TENSOR_VERSION", "DataEntry", "LoadedPtd", "TensorLayout", "load_ptd", "serialize_ptd"]
+__all__ = ["FLAT_TENSOR_VERSION", "DataEntry", "ExternalData", "LoadedPtd", "TensorLayout", "load_ptd", "serialize_ptd"]
 
 FLAT_TENSOR_VERSION = 0
 FILE_IDENTIFIER = b"FT01"
@@ -187,3 +187,30 @@ def load_ptd(data: Any, name: str = "<bytes>") -> LoadedPtd:
                                f"{len(segments)}")
         entries[nd.key] = (segments[nd.segment_index], nd.tensor_layout)
     return LoadedPtd(name, entries, data)
+
+
+class ExternalData:
+    """The data files given with a program (``load_program(pte, data_path=...)``), searched by key."""
+
+    def __init__(self, files: list[LoadedPtd]) -> None:
+        self.files = files
+        self._index: dict[str, LoadedPtd] = {}
+        for ptd in files:
+            for key in ptd.entries:
+                other = self._index.get(key)
+                if other is not None and bytes(other.entries[key][0]) != bytes(ptd.entries[key][0]):
+                    raise ProgramError(f"key {key!r} is in data files {other.name} and {ptd.name} with different "
+                                       "bytes; pass only one of them")
+                self._index.setdefault(key, ptd)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.files]
+
+    def find(self, key: str) -> tuple[memoryview, TensorLayout | None, str] | None:
+        """``(bytes, tensor layout or None, file name)`` stored under ``key``, or None."""
+        ptd = self._index.get(key)
+        if ptd is None:
+            return None
+        view, layout = ptd.entries[key]
+        return view, layout, ptd.name

@@ -242,6 +242,25 @@ class Program:
         return f"<edgeport Program methods={sorted(self._names)}>"
 
 
+def _read_source(data: Any, mmap: bool, what: str) -> Any:
+    """The bytes (or a read-only mmap) of a path, bytes-like object or binary file."""
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if mmap and size > 0:
+                    return _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
+                return f.read()
+        except OSError as exc:
+            raise ProgramError(f"cannot read {what} file {str(path)!r}: {exc}") from exc
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return data
+    if hasattr(data, "read"):
+        return data.read()
+    raise TypeError(f"load_program expects a path, bytes or a binary file for the {what}, got {type(data).__name__}")
+
+
 class Runtime:
     """Entry point of edgeport's torch-free runtime (``Runtime.get()`` returns the process-wide instance)."""
 
@@ -271,28 +290,24 @@ class Runtime:
 
         return [b.backend_id for b in list_backends()]
 
-    def load_program(self, data: ProgramSource, *, mmap: bool = True, verification: bool = True) -> Program:
+    def load_program(self, data: ProgramSource, *, mmap: bool = True, verification: bool = True,
+                     data_path: ProgramSource | Sequence[ProgramSource] | None = None) -> Program:
         """Load a program from a path (memory-mapped by default: constants stay zero-copy views of the file),
-        bytes-like data or a binary file object. Every defect raises ``ProgramError``."""
-        source: Any
-        if isinstance(data, (str, os.PathLike)):
-            path = Path(data)
-            try:
-                with open(path, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if mmap and size > 0:
-                        source = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
-                    else:
-                        source = f.read()
-            except OSError as exc:
-                raise ProgramError(f"cannot read program file {str(path)!r}: {exc}") from exc
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            source = data
-        elif hasattr(data, "read"):
-            source = data.read()
-        else:
-            raise TypeError(f"load_program expects a path, bytes or a binary file, got {type(data).__name__}")
+        bytes-like data or a binary file object. Every defect raises ``ProgramError``.
+
+        ``data_path``: the ``.ptd`` data file(s) holding what the program stores outside itself (constants written
+        with ``external_constants``, backends' external named data) — a path, bytes, or a list of them."""
+        source = _read_source(data, mmap, "program")
         loaded = load_pte(source)
+        if data_path is not None:
+            from edgeport.program.ptd import ExternalData, load_ptd
+
+            items = list(data_path) if isinstance(data_path, (list, tuple)) else [data_path]
+            files = []
+            for i, item in enumerate(items):
+                name = repr(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else f"data_path[{i}]"
+                files.append(load_ptd(_read_source(item, mmap, "data"), name))
+            loaded.external = ExternalData(files)
         if verification:
             verify_program(loaded.program)
         return Program(loaded, source, self._kernels)

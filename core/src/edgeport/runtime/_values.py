@@ -172,11 +172,10 @@ class MethodValues:
             spec.mem_id, spec.offset = mem_id, offset
             if t.data_buffer_idx > 0:
                 spec.initial = lp.tensor_data(t, where=f"{self.where} {at}")
+        elif (t.extra_tensor_info is not None
+              and int(t.extra_tensor_info.location) == int(S.TensorDataLocation.EXTERNAL)):
+            spec.constant = self._constant_view(lp.external_tensor(t, where=f"{self.where} {at}"), spec, at)
         elif t.data_buffer_idx > 0:
-            info = t.extra_tensor_info
-            if info is not None and int(info.location) == int(S.TensorDataLocation.EXTERNAL):
-                raise self.err(f"{at}: constant data stored outside the program (external .ptd data) is "
-                               "not supported by edgeport's runtime")
             data = lp.tensor_data(t, where=f"{self.where} {at}")
             spec.constant = self._constant_view(data, spec, at)
         return spec

@@ -47,10 +47,10 @@ def as_output(v):
     return v.detach().numpy().copy() if isinstance(v, torch.Tensor) else v
 
 for index in range(start, len(cases)):
-    name, path, method, inputs = cases[index]
+    name, path, method, inputs, data_path = cases[index]
     emit(("start", index))
     try:
-        program = runtime.load_program(path, verification=Verification.InternalConsistency)
+        program = runtime.load_program(path, verification=Verification.InternalConsistency, data_path=data_path)
         outputs = program.load_method(method).execute([as_input(v) for v in inputs])
         emit(("done", index, [as_output(v) for v in outputs], None))
     except Exception as exc:
@@ -103,9 +103,12 @@ def _read_report(path: Path) -> list[tuple[Any, ...]]:
     return records
 
 
-def run_cases(cases: Sequence[tuple[str, bytes, str, Sequence[Any]]], *, timeout: float = 600.0,
+def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
               python: str | None = None) -> list[StockResult]:
     """Run each ``(name, pte_bytes, method, inputs)`` case on the stock ExecuTorch runtime, in child processes.
+
+    A case may carry a fifth element: the bytes of the ``.ptd`` data file the program needs (the stock Python
+    runtime takes one), passed as ``load_program(pte, data_path=...)``.
 
     Returns one :class:`StockResult` per case, in order. A child that dies takes only its current case with it;
     the rest run in a fresh child. ``python`` is the interpreter to use (default: this one).
@@ -114,10 +117,15 @@ def run_cases(cases: Sequence[tuple[str, bytes, str, Sequence[Any]]], *, timeout
     with tempfile.TemporaryDirectory(prefix="edgeport-stock-") as tmp:
         work = Path(tmp)
         listed = []
-        for i, (name, pte, method, inputs) in enumerate(cases):
+        for i, case in enumerate(cases):
+            name, pte, method, inputs = case[:4]
             path = work / f"case{i}.pte"
             path.write_bytes(bytes(pte))
-            listed.append((name, str(path), method, list(inputs)))
+            data_path = None
+            if len(case) > 4 and case[4] is not None:
+                data_path = work / f"case{i}.ptd"
+                data_path.write_bytes(bytes(case[4]))
+            listed.append((name, str(path), method, list(inputs), None if data_path is None else str(data_path)))
         (work / "cases.pkl").write_bytes(pickle.dumps(listed))
         script = work / "child.py"
         script.write_text(_CHILD)
@@ -158,6 +166,7 @@ def run_cases(cases: Sequence[tuple[str, bytes, str, Sequence[Any]]], *, timeout
 
 
 def run_program(pte: bytes, inputs: Sequence[Any], method: str = "forward", *, name: str = "program",
-                timeout: float = 600.0) -> StockResult:
-    """Run one program on the stock ExecuTorch runtime in a child process (see :func:`run_cases`)."""
-    return run_cases([(name, pte, method, inputs)], timeout=timeout)[0]
+                timeout: float = 600.0, data: bytes | None = None) -> StockResult:
+    """Run one program (with its ``.ptd`` bytes ``data``, if any) on the stock ExecuTorch runtime in a child
+    process (see :func:`run_cases`)."""
+    return run_cases([(name, pte, method, inputs, data)], timeout=timeout)[0]
