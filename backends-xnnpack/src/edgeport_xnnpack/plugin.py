@@ -53,6 +53,12 @@ def _is_available() -> tuple[bool, str]:
     return ok, why
 
 
+def _describe_blob(processed: Any) -> dict[str, Any]:
+    from edgeport_xnnpack.describe import describe_blob
+
+    return describe_blob(processed)
+
+
 @edgeport.hookimpl
 def edgeport_register_backends(registry: Any) -> None:
     registry.add(
@@ -66,6 +72,7 @@ def edgeport_register_backends(registry: Any) -> None:
             capabilities=capabilities,
             compile_options=XnnpackCompileOptions,
             runtime_options=XnnpackRuntimeOptions,
+            describe_blob=_describe_blob,
             is_available=_is_available,
             description="CPU: the XNNPACK library (libXNNPACK) through its C subgraph API; "
             "blobs in ExecuTorch's XNNPACK delegate format",

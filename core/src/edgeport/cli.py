@@ -293,6 +293,22 @@ def cmd_op_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from edgeport.errors import EdgeportError
+    from edgeport.inspection import format_inspection, inspect_program
+
+    try:
+        info = inspect_program(args.program, describe=not args.no_describe)
+    except OSError as exc:
+        print(f"edgeport inspect: cannot read {args.program}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except EdgeportError as exc:
+        print(f"edgeport inspect: {args.program} is not a valid program: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(info, indent=2, default=str) if args.json else format_inspection(info))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeport", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -307,6 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-id", help="backend id (default: the capitalized name + 'Backend')")
     p.add_argument("--force", action="store_true", help="write into a non-empty directory, overwriting files")
     p.set_defaults(func=cmd_new_backend)
+    p = sub.add_parser("inspect", help="show what a .pte holds: methods, instructions, delegates, named data, sizes")
+    p.add_argument("program", help="path of a .pte (edgeport's or ExecuTorch's)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--no-describe", action="store_true", help="do not ask backends to describe their blobs")
+    p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("op-table", help="print (or update in a markdown file) a backend's op-support table")
     p.add_argument("backend_id")
     group = p.add_mutually_exclusive_group()

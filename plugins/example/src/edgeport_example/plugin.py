@@ -28,6 +28,12 @@ def _partitioner(*args: Any, **kwargs: Any) -> Any:
     return ExamplePartitioner(*args, **kwargs)
 
 
+def _describe_blob(processed: Any) -> dict[str, Any]:
+    from edgeport_example.describe import describe_blob
+
+    return describe_blob(processed)
+
+
 @edgeport.hookimpl
 def edgeport_register_backends(registry: Any) -> None:
     registry.add(
@@ -39,6 +45,7 @@ def edgeport_register_backends(registry: Any) -> None:
             executor=ExampleExecutor,
             capabilities=capabilities,
             compile_options=ExampleCompileOptions,
+            describe_blob=_describe_blob,
             description="Tiny reference backend: float32 elementwise ops, mm/addmm/linear, run by numpy",
         )
     )

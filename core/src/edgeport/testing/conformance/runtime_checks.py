@@ -85,3 +85,26 @@ def patch_program(pte: bytes, blob: bytes, replacement: bytes) -> bytes:
     if where < 0:
         raise ValueError("the delegate blob is not stored verbatim in the program")
     return pte[:where] + replacement + pte[where + len(blob):]
+
+
+def check_describe_blob(backend_spec: Any, blob: bytes, corrupted: list[bytes]) -> None:
+    """A declared ``describe_blob`` returns a JSON-able dict for a real blob, raises ``ValueError`` on garbage, and
+    on a corrupted blob either describes it or raises ``ValueError`` -- never anything else."""
+    import json
+
+    import pytest
+
+    describe = backend_spec.describe_blob
+    if describe is None:
+        pytest.skip(f"{backend_spec.backend_id} declares no describe_blob")
+    info = describe(memoryview(blob))
+    assert isinstance(info, dict) and info, "describe_blob must return a non-empty dict"
+    json.dumps(info, default=str)
+    for garbage in (b"", b"\x00" * 64, bytes(range(256))):
+        with pytest.raises(ValueError):
+            describe(garbage)
+    for bad in corrupted:
+        try:
+            assert isinstance(describe(bad), dict)
+        except ValueError:
+            pass

@@ -488,6 +488,13 @@ class BackendConformance:
         executor.destroy(handle)
         pytest.fail(f"init accepted a {corruption} blob", pytrace=False)
 
+    def test_describe_blob(self, reference: tuple[H.LoweredCase, Any], backend_spec: Any) -> None:
+        from edgeport.testing.conformance.runtime_checks import check_describe_blob
+
+        blob = bytes(reference[1].processed_bytes)
+        kinds = ("truncated_header", "truncated_half", "bad_magic", "version_mismatch", "garbage")
+        check_describe_blob(backend_spec, blob, [b for k in kinds if (b := self.corrupt_blob(k, blob)) is not None])
+
     def test_corrupted_blob_in_program_rejected_at_load(self, reference: tuple[H.LoweredCase, Any],
                                                         backend_spec: Any, program_corruption: str) -> None:
         from edgeport.runtime import Runtime
