@@ -172,6 +172,8 @@ class RuntimeExecutor:
 
     * ``init(processed, compile_specs, named_data=lookup)`` — when ``init`` accepts ``named_data``, it gets a
       ``key -> memoryview`` lookup into the program's named-data segments (where XNNPACK keeps weights);
+    * ``describe_execution(handle) -> str`` — what actually executes the delegate, shown in the method profile
+      (``DelegateInfo.execution``); say so when a reference model or emulator stands in for the hardware;
     * ``num_outputs(handle) -> int`` — how many trailing arguments of the delegate call are outputs (otherwise
       the runtime infers it from what the program defines);
     * ``thread_safe = True`` — ``execute`` may run concurrently on one handle (otherwise calls are serialized

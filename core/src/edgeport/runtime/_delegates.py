@@ -149,7 +149,9 @@ class Delegates:
         except Exception as exc:  # noqa: BLE001 - report a bad blob as a program error
             raise ProgramError(f"{at}: executor init failed: {type(exc).__name__}: {exc}") from exc
         self._handles.append((executor, handle))
-        self.profile.delegates.append(DelegateInfo(di, d.id, "backend", runtime_options=options))
+        describe = getattr(executor, "describe_execution", None)
+        execution = str(describe(handle)) if callable(describe) else ""
+        self.profile.delegates.append(DelegateInfo(di, d.id, "backend", runtime_options=options, execution=execution))
         lock = None if getattr(executor, "thread_safe", False) else threading.Lock()
         return Delegate("backend", d.id, executor, handle, lock, _accepts_out(executor.execute))
 

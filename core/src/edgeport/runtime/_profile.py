@@ -18,6 +18,9 @@ class DelegateInfo:
     reason: str = ""
     fallback_method: str | None = None
     runtime_options: Any = None  # the backend's RuntimeOptions given at load (backend_options=), if any
+    # what actually executes the delegate, from the executor's optional ``describe_execution(handle)`` (e.g. a
+    # reference model standing in for an NPU); empty when the executor does not say
+    execution: str = ""
 
 
 @dataclass

@@ -1,0 +1,49 @@
+"""``EthosUBackend``'s ``preprocess``: the partition's TOSA 1.0 INT graph, compiled by Vela for the target.
+
+The blob is Vela's output in ExecuTorch's Ethos-U block stream (:mod:`edgeport_arm.schema.vela_stream`), so
+ExecuTorch's runtime on Corstone hardware runs it. Two named-data entries go beside it, keyed by the blob's
+sha256 and ignored by ExecuTorch's runtime: the TOSA graph (``edgeport.arm.tosa.<sha>``, which edgeport's
+runtime executes on the reference model) and Vela's estimates as JSON (``edgeport.arm.vela.<sha>``: cycles,
+SRAM / flash use, MACs, NPU / CPU operator split, per layer when asked for), which ``edgeport inspect`` shows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from torch.export import ExportedProgram
+
+from edgeport.backend import CompileSpec, PreprocessResult
+from edgeport.errors import LoweringError
+from edgeport.named_data import NamedDataStore
+from edgeport_arm.options import EthosUCompileSpec
+from edgeport_arm.preprocess import lower_to_tosa
+from edgeport_arm.runtime import tosa_key
+
+
+def estimates_key(ethos_u_blob: bytes | memoryview) -> str:
+    """Named-data key of Vela's estimates for an Ethos-U delegate."""
+    return "edgeport.arm.vela." + hashlib.sha256(bytes(ethos_u_blob)).hexdigest()
+
+
+def preprocess_ethos_u(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
+    from edgeport_arm.vela import VelaError, compile_tosa
+
+    spec = EthosUCompileSpec.from_compile_specs(compile_specs)
+    tosa, summary = lower_to_tosa(edge_program, spec.specification)
+    name = ",".join(summary["inputs"]) or "partition"
+    try:
+        result = compile_tosa(tosa, target=spec.target, system_config=spec.system_config,
+                              memory_mode=spec.memory_mode, extra_flags=spec.extra_flags,
+                              config_ini=spec.config_ini, partition_name=f"inputs {name}")
+    except (VelaError, ValueError) as exc:
+        raise LoweringError(f"EthosUBackend: {exc}") from exc
+    estimates = result.estimates.to_dict()
+    estimates["tosa_ops"] = summary["tosa_ops"]
+    estimates["target"] = spec.target
+    store = NamedDataStore()
+    store.add_named_data(tosa_key(result.blob), tosa, alignment=16)
+    store.add_named_data(estimates_key(result.blob), json.dumps(estimates, sort_keys=True).encode(), alignment=1)
+    return PreprocessResult(processed_bytes=result.blob, data_store_output=store.get_named_data_store_output())

@@ -1,0 +1,194 @@
+"""``TOSAPartitioner`` / ``EthosUPartitioner``: the core capability partitioner driven by the Arm table.
+
+Integer profiles take *quantized islands* only: a compute node is delegated when each tensor it reads comes from
+a delegated dequantize (or a constant, or another delegated compute node) and each of its users is delegated
+too; a dequantize is delegated when all its users are, a quantize when what it quantizes is. So every delegate
+takes and returns int8 -- the quantize of a model input and the dequantize of an output stay on the CPU, as in
+ExecuTorch's Arm flow -- and no float tensor crosses into an integer graph. ``EthosUPartitioner`` also applies
+what Vela places on the NPU (:func:`~edgeport_arm.capabilities.ethos_u_problem`) and, by default, refuses a model
+that would leave float compute on the CPU (``cpu_fallback=True`` allows it). Every rejected node's reason is in
+:attr:`rejections` after :meth:`partition`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from edgeport.aot.capability_partitioner import (
+    CapabilityBasedPartitioner,
+    NodeFilter,
+    constant_placeholder_names,
+    op_name,
+)
+from edgeport.aot.partitioner import PartitionResult
+from edgeport.errors import LoweringError
+from edgeport_arm.capabilities import (
+    ALL_CAPABILITIES,
+    DEQUANTIZE,
+    DEQUANTIZE_PER_CHANNEL,
+    INT8_UNSUPPORTED,
+    QUANTIZE,
+    ethos_u_problem,
+)
+from edgeport_arm.options import ETHOSU_BACKEND_ID, TOSA_BACKEND_ID, EthosUCompileSpec, TosaCompileSpec
+
+_DQS = (DEQUANTIZE, DEQUANTIZE_PER_CHANNEL)
+_CONSTANT_ARGS = {"aten.convolution.default": (1, 2), "aten.linear.default": (1, 2),
+                  "aten.native_layer_norm.default": (2, 3)}
+
+
+class _ArmPartitioner(CapabilityBasedPartitioner):
+    def __init__(self, backend_id: str, compile_spec: TosaCompileSpec | EthosUCompileSpec, *, ethos_u: bool,
+                 cpu_fallback: bool, min_partition_size: int, node_filter: NodeFilter | None) -> None:
+        super().__init__(backend_id, ALL_CAPABILITIES, compile_spec.to_compile_specs(),
+                         min_partition_size=min_partition_size, node_filter=node_filter)
+        self.compile_spec = compile_spec
+        self.integer = compile_spec.specification.is_int and not compile_spec.specification.is_fp
+        self.ethos_u = ethos_u
+        self.cpu_fallback = cpu_fallback
+        self._user_filter = node_filter
+        self._constants: set[str] = set()
+        self._verdicts: dict[torch.fx.Node, str | None] = {}
+
+    # -- per-node rules -----------------------------------------------------------------------------------------
+    def _is_constant(self, a: Any) -> bool:
+        return isinstance(a, torch.fx.Node) and (a.op == "get_attr" or (
+            a.op == "placeholder" and a.name in self._constants))
+
+    def _own_checks(self, node: torch.fx.Node) -> str | None:
+        name = op_name(node.target)
+        quant = name in (QUANTIZE, *_DQS)
+        if not self.integer and quant:
+            return f"{name}: a quantized graph needs an integer profile (TosaCompileSpec('TOSA-1.0+INT'))"
+        if self.integer and name in INT8_UNSUPPORTED:
+            return f"{name}: {INT8_UNSUPPORTED[name]}"
+        for i in _CONSTANT_ARGS.get(name, ()):
+            a = node.args[i] if i < len(node.args) else None
+            if a is not None and not self._is_constant(a) and not (
+                    isinstance(a, torch.fx.Node) and op_name(a.target) in _DQS
+                    and all(self._is_constant(x) for x in a.all_input_nodes)):
+                return f"{name}: argument {i} ({getattr(a, 'name', a)}) is not a constant (weights must be static)"
+        if self.ethos_u:
+            why = ethos_u_problem(node, name)
+            if why:
+                return f"{name}: {why}"
+        if self._user_filter is not None:
+            verdict = self._user_filter(node)
+            if verdict is False or isinstance(verdict, str):
+                return verdict or "rejected by node_filter"
+        return None
+
+    def _islands(self, graph: torch.fx.Graph) -> dict[torch.fx.Node, str | None]:
+        """Fixpoint of the quantized-island rules over the nodes the table accepts."""
+        self.node_filter = self._own_checks
+        verdict: dict[torch.fx.Node, str | None] = {}
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target.__name__ != "getitem":
+                verdict[node] = self.check_node(node)
+        self.node_filter = self._user_filter
+        taken = {n for n, why in verdict.items() if why is None}
+
+        def ok_input(a: torch.fx.Node) -> bool:
+            return self._is_constant(a) or a in taken or (a.op == "call_function" and a.target.__name__ ==
+                                                          "getitem" and a.args[0] in taken)
+
+        changed = True
+        while changed:
+            changed = False
+            for node in list(taken):
+                name = op_name(node.target)
+                why = None
+                if name == QUANTIZE:
+                    src = node.args[0]
+                    if src not in taken:
+                        why = f"quantizes {src.name}, which is not delegated (a float input: stays on the CPU)"
+                elif name in _DQS:
+                    outside = [u.name for u in node.users if u not in taken]
+                    if outside:
+                        why = f"its float result is used outside the delegate by {outside}"
+                else:
+                    bad_in = [a.name for a in node.all_input_nodes if not ok_input(a)]
+                    bad_out = [u.name for u in node.users if u not in taken and not (
+                        u.op == "call_function" and u.target.__name__ == "getitem"
+                        and all(uu in taken for uu in u.users))]
+                    if bad_in:
+                        why = f"reads float tensors {bad_in} that are not dequantized inside the delegate"
+                    elif bad_out:
+                        why = f"its float result goes to {bad_out} outside the delegate (not quantized after it)"
+                if why is not None:
+                    taken.discard(node)
+                    verdict[node] = f"{name}: {why}"
+                    changed = True
+        return verdict
+
+    # -- partitioning ----------------------------------------------------------------------------------------
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        self._constants = constant_placeholder_names(exported_program)
+        if self.integer:
+            verdict = self._islands(exported_program.graph)
+            self.node_filter = lambda n: verdict.get(n) or True
+        else:
+            self.node_filter = self._own_checks
+        try:
+            result = super().partition(exported_program)
+        finally:
+            self.node_filter = self._user_filter
+        if self.integer and not self.cpu_fallback:
+            self._refuse_float_leftovers(exported_program)
+        return result
+
+    def _refuse_float_leftovers(self, ep: ExportedProgram) -> None:
+        left = []
+        for node in ep.graph.nodes:
+            if node.op != "call_function" or "delegation_tag" in node.meta or node.target.__name__ == "getitem":
+                continue
+            name = op_name(node.target)
+            if name in (QUANTIZE, *_DQS):
+                continue
+            left.append(f"{node.name} ({name}): {self.rejections.get(node.name, 'not delegated')}")
+        if left:
+            raise LoweringError(
+                f"{self.backend_id}: {len(left)} node(s) would run in float on the CPU, which an integer-only NPU "
+                "target does not have:\n  " + "\n  ".join(left[:20]) +
+                "\nQuantize the whole model (EthosUQuantizer), or pass cpu_fallback=True to run them on the CPU.")
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        """Keep ``linear``, ``hardswish`` and ``gelu`` whole: each is one TOSA pattern (or one int8 TABLE)."""
+        aten = torch.ops.aten
+        return [aten.linear.default, aten.hardswish.default, aten.gelu.default], None
+
+
+class TOSAPartitioner(_ArmPartitioner):
+    """Delegates what the Arm table supports to ``TOSABackend`` (ExecuTorch's name and arguments).
+
+    ``compile_spec``: a :class:`TosaCompileSpec` (``"TOSA-1.0+INT"`` by default; ``"TOSA-1.0+FP"`` for float).
+    """
+
+    def __init__(self, compile_spec: TosaCompileSpec | None = None, *, min_partition_size: int = 1,
+                 node_filter: NodeFilter | None = None, cpu_fallback: bool = True) -> None:
+        spec = compile_spec if compile_spec is not None else TosaCompileSpec()
+        if not isinstance(spec, TosaCompileSpec):
+            raise TypeError(f"TOSAPartitioner takes a TosaCompileSpec, got {type(spec).__name__}")
+        super().__init__(TOSA_BACKEND_ID, spec, ethos_u=False, cpu_fallback=cpu_fallback,
+                         min_partition_size=min_partition_size, node_filter=node_filter)
+
+
+class EthosUPartitioner(_ArmPartitioner):
+    """Delegates what Vela puts on the Ethos-U NPU to ``EthosUBackend``.
+
+    ``cpu_fallback=False`` (default) refuses a model that would leave float compute outside the delegate.
+    """
+
+    def __init__(self, compile_spec: EthosUCompileSpec | None = None, *, min_partition_size: int = 1,
+                 node_filter: NodeFilter | None = None, cpu_fallback: bool = False) -> None:
+        spec = compile_spec if compile_spec is not None else EthosUCompileSpec()
+        if not isinstance(spec, EthosUCompileSpec):
+            raise TypeError(f"EthosUPartitioner takes an EthosUCompileSpec, got {type(spec).__name__}")
+        super().__init__(ETHOSU_BACKEND_ID, spec, ethos_u=True, cpu_fallback=cpu_fallback,
+                         min_partition_size=min_partition_size, node_filter=node_filter)

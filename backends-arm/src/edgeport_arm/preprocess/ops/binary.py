@@ -1,0 +1,58 @@
+"""``aten.add.Tensor`` / ``aten.sub.Tensor`` / ``aten.mul.Tensor`` with broadcasting.
+
+Integer add/sub: both int8 operands are rescaled to int32 on a common scale (twice the larger input scale,
+2**20 finer), added, and left as an int32 accumulator for the quantize that follows; mul multiplies the
+zero-point-free int32 operands (scale ``scale_a * scale_b``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgeport.errors import LoweringError
+from edgeport_arm.preprocess.graph import DType, Op
+from edgeport_arm.preprocess.lowering import Lowering
+from edgeport_arm.preprocess.ops._common import arg, binary, broadcast_shape, mul, same_layout
+from edgeport_arm.preprocess.values import Value
+
+_SHIFT = 20
+
+
+def _operands(ctx: Lowering, node: torch.fx.Node) -> tuple[Value, Value]:
+    if arg(node, 2, "alpha", 1) != 1:
+        raise LoweringError("alpha != 1 is not lowered")
+    return ctx.settle(ctx.value(node.args[0])), ctx.settle(ctx.value(node.args[1]))
+
+
+def _add_sub(ctx: Lowering, node: torch.fx.Node, op: object, attr: str) -> Value:
+    a, b = same_layout(ctx, *_operands(ctx, node))
+    shape = broadcast_shape(a.shape, b.shape)
+    if not ctx.integer:
+        return Value(binary(ctx, op, attr, a.name, b.name, shape, DType.FP32), shape, DType.FP32, nhwc=a.nhwc)
+    if a.q is None or b.q is None:
+        raise LoweringError("integer add/sub needs dequantized int8 operands")
+    common = 2 * max(a.q.scale, b.q.scale)
+    ints = [ctx.g.rescale(v.name, v.shape, DType.INT8, DType.INT32, [v.q.scale / common * (1 << _SHIFT)],
+                          in_zp=v.q.zero_point) for v in (a, b)]
+    out = binary(ctx, op, attr, ints[0], ints[1], shape, DType.INT32)
+    return Value(out, shape, DType.INT32, nhwc=a.nhwc, acc_scale=common / (1 << _SHIFT))
+
+
+def add(ctx: Lowering, node: torch.fx.Node) -> Value:
+    return _add_sub(ctx, node, Op.ADD, "AddAttribute")
+
+
+def sub(ctx: Lowering, node: torch.fx.Node) -> Value:
+    return _add_sub(ctx, node, Op.SUB, "SubAttribute")
+
+
+def multiply(ctx: Lowering, node: torch.fx.Node) -> Value:
+    a, b = _operands(ctx, node)
+    if ctx.integer:
+        a, b = ctx.to_int32(a), ctx.to_int32(b)
+    a, b = same_layout(ctx, a, b)
+    shape = broadcast_shape(a.shape, b.shape)
+    out = mul(ctx, a.name, b.name, shape, a.dtype)
+    if not ctx.integer:
+        return Value(out, shape, DType.FP32, nhwc=a.nhwc)
+    return Value(out, shape, DType.INT32, nhwc=a.nhwc, acc_scale=float(a.acc_scale) * float(b.acc_scale))

@@ -1,0 +1,28 @@
+"""``slice_copy`` (step 1) -> TOSA SLICE in torch's order."""
+
+from __future__ import annotations
+
+import torch
+
+from edgeport.errors import LoweringError
+from edgeport_arm.preprocess.graph import Op
+from edgeport_arm.preprocess.lowering import Lowering, static_shape
+from edgeport_arm.preprocess.ops._common import arg
+from edgeport_arm.preprocess.values import Value
+
+
+def slice_copy(ctx: Lowering, node: torch.fx.Node) -> Value:
+    x = ctx.nchw(ctx.settle(ctx.value(node.args[0])))
+    rank = len(x.shape)
+    dim = int(arg(node, 1, "dim", 0)) % rank
+    if int(arg(node, 4, "step", 1)) != 1:
+        raise LoweringError("slices with a step other than 1 are not lowered")
+    start = arg(node, 2, "start", 0) or 0
+    start = max(0, min(int(start) + (x.shape[dim] if int(start) < 0 else 0), x.shape[dim]))
+    shape = static_shape(node)
+    starts = [0] * rank
+    starts[dim] = start
+    out = ctx.g.tensor(shape, x.dtype)
+    ctx.g.op(Op.SLICE, [x.name, ctx.g.shape_const(starts, "start"), ctx.g.shape_const(shape, "size")], [out],
+             "SliceAttribute")
+    return x.with_(name=out, shape=shape)

@@ -1,0 +1,172 @@
+"""``TOSAQuantizer`` / ``EthosUQuantizer``: torchao pt2e quantizers for the Arm backends (ExecuTorch's names).
+
+Use with torchao's flow on a plain ``torch.export.export(model, args).module()``::
+
+    m = prepare_pt2e(torch.export.export(model, args).module(), EthosUQuantizer(EthosUCompileSpec("ethos-u55-128")))
+    for batch in calibration_data:
+        m(*batch)
+    m = convert_pt2e(m)
+    edge = to_edge_transform_and_lower(torch.export.export(m, args), partitioner=[EthosUPartitioner(spec)])
+
+Whole-model by default (an NPU has no float datapath): every op with an int8 lowering gets int8 per-tensor
+affine activations ([-128, 127]) on its inputs and output; convolution and linear weights int8 symmetric per
+output channel ([-127, 127]); biases stay float (the lowering quantizes them to int32 with scale
+``input_scale * weight_scale``); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
+is fused (only its output is quantized). Pooling, reshapes, permutes and padding share their input's
+parameters. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` get their own output parameters (they become
+int8 lookup tables). Ops without an int8 lowering (softmax, layer norm) stay float; ``EthosUPartitioner`` then
+names them unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen nodes in float.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+from torchao.quantization.pt2e.quantizer import (
+    QuantizationAnnotation,
+    QuantizationSpec,
+    QuantizationSpecBase,
+    Quantizer,
+    SharedQuantizationSpec,
+)
+
+from edgeport_arm.options import EthosUCompileSpec, TosaCompileSpec
+
+__all__ = ["EthosUQuantizer", "TOSAQuantizer"]
+
+_KEY = "quantization_annotation"
+_EPS = 2.0**-12
+_aten = torch.ops.aten
+_GEMM = {_aten.conv2d.default, _aten.linear.default}
+_BINARY = {_aten.add.Tensor, _aten.add_.Tensor, _aten.sub.Tensor, _aten.sub_.Tensor, _aten.mul.Tensor,
+           _aten.mul_.Tensor}
+_MATMUL = {_aten.matmul.default, _aten.bmm.default, _aten.mm.default}
+_CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _aten.hardtanh_.default,
+           _aten.clamp.default, _aten.clamp_.default, _aten.relu6.default}
+_TABLES = {_aten.sigmoid.default, _aten.tanh.default, _aten.hardswish.default, _aten.hardswish_.default,
+           _aten.gelu.default}
+_SHARED = {_aten.max_pool2d.default, _aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim,
+           _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
+           _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
+           _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
+           _aten.pad.default, _aten.constant_pad_nd.default, _aten.slice.Tensor, _aten._unsafe_view.default}
+
+
+def _is_float(a: Any) -> bool:
+    val = a.meta.get("val") if isinstance(a, Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+
+
+def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+class _ArmQuantizer(Quantizer):
+    def __init__(self, compile_spec: TosaCompileSpec | EthosUCompileSpec | None, *, observer: str,
+                 node_filter: Callable[[Node], bool] | None) -> None:
+        super().__init__()
+        spec = compile_spec.specification if compile_spec is not None else None
+        if spec is not None and not spec.is_int:
+            raise ValueError(f"{type(self).__name__}: {compile_spec!r} has no integer profile; quantized graphs "
+                             "need 'TOSA-1.0+INT'")
+        observers = {"histogram": HistogramObserver, "minmax": MinMaxObserver}
+        if observer not in observers:
+            raise ValueError(f"{type(self).__name__}: observer must be one of {sorted(observers)}, got {observer!r}")
+        self.compile_spec = compile_spec
+        self.observer = observer
+        self.node_filter = node_filter
+        self.act = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
+                                    observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS))
+        self.weight = QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127,
+                                       qscheme=torch.per_channel_symmetric, ch_axis=0,
+                                       observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.compile_spec!r}, observer={self.observer!r})"
+
+    def validate(self, model: GraphModule) -> None:
+        """Nothing to check beyond what :meth:`annotate` enforces while annotating."""
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        for node in list(model.graph.nodes):
+            if node.op != "call_function" or self._done(node) or not self._wanted(node):
+                continue
+            t = node.target
+            if t in _GEMM:
+                self._gemm(node)
+            elif t in _BINARY or t in _MATMUL:
+                self._binary(node)
+            elif t in _TABLES:
+                if _is_float(node.args[0]):
+                    self._mark(node, {node.args[0]: self.act}, self.act)
+            elif t is _aten.cat.default:
+                tensors = [a for a in node.args[0] if _is_float(a)]
+                if tensors and len(tensors) == len(node.args[0]):
+                    self._mark(node, {a: self.act for a in tensors}, self.act)
+            elif t in _SHARED or t in _CLAMPS:
+                x = node.args[0]
+                if _is_float(x) and t is not operator.getitem:
+                    self._mark(node, {x: self.act}, SharedQuantizationSpec((x, node)))
+        return model
+
+    def _wanted(self, node: Node) -> bool:
+        return self.node_filter is None or bool(self.node_filter(node))
+
+    @staticmethod
+    def _done(node: Node) -> bool:
+        ann = node.meta.get(_KEY)
+        return ann is not None and ann._annotated
+
+    @staticmethod
+    def _mark(node: Node, inputs: dict[Node, QuantizationSpecBase | None], output: QuantizationSpecBase | None) -> None:
+        node.meta[_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
+
+    def _output(self, node: Node) -> None:
+        """Quantize ``node``'s output, or that of a clamp that is its only user (fused)."""
+        users = list(node.users)
+        if (len(users) == 1 and users[0].op == "call_function" and users[0].target in _CLAMPS
+                and users[0].args[0] is node and not self._done(users[0]) and self._wanted(users[0])):
+            self._mark(users[0], {}, self.act)
+        else:
+            node.meta[_KEY].output_qspec = self.act
+
+    def _gemm(self, node: Node) -> None:
+        x, w = node.args[0], node.args[1]
+        bias = _arg(node, 2, "bias")
+        if not (_is_float(x) and isinstance(w, Node) and w.op == "get_attr"):
+            return
+        if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
+            return
+        self._mark(node, {x: self.act, w: self.weight}, None)
+        self._output(node)
+
+    def _binary(self, node: Node) -> None:
+        a, b = node.args[0], node.args[1]
+        if not (_is_float(a) and _is_float(b)) or _arg(node, 2, "alpha", 1) != 1:
+            return
+        inputs: dict[Node, QuantizationSpecBase | None] = {a: self.act}
+        if b is not a:
+            inputs[b] = self.act
+        self._mark(node, inputs, None)
+        self._output(node)
+
+
+class TOSAQuantizer(_ArmQuantizer):
+    """int8 quantization for ``TOSABackend`` (``TosaCompileSpec("TOSA-1.0+INT")``)."""
+
+    def __init__(self, compile_spec: TosaCompileSpec | None = None, *, observer: str = "histogram",
+                 node_filter: Callable[[Node], bool] | None = None) -> None:
+        super().__init__(compile_spec or TosaCompileSpec("TOSA-1.0+INT"), observer=observer, node_filter=node_filter)
+
+
+class EthosUQuantizer(_ArmQuantizer):
+    """int8 quantization for ``EthosUBackend`` (the whole model: the NPU runs integers only)."""
+
+    def __init__(self, compile_spec: EthosUCompileSpec | None = None, *, observer: str = "histogram",
+                 node_filter: Callable[[Node], bool] | None = None) -> None:
+        super().__init__(compile_spec or EthosUCompileSpec(), observer=observer, node_filter=node_filter)

@@ -1,0 +1,1 @@
+"""Wire formats of the Arm backends (torch-free readers and writers)."""
