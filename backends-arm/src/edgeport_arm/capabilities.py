@@ -190,7 +190,8 @@ def ethos_u_problem(node: Any, name: str) -> str | None:
     free_rank = elementwise or name in ("aten.cat.default", "aten.view_copy.default", "aten._unsafe_view.default",
                                         "aten.constant_pad_nd.default", "aten.squeeze_copy.dims",
                                         "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default", "aten.clone.default")
-    for n in [node, *node.all_input_nodes]:
+    activations = [node, *(a for a in node.args[:2] if hasattr(a, "meta") and elementwise or a is node.args[0])]
+    for n in activations:
         s = shape_of(n)
         if s is None:
             continue

@@ -9,7 +9,6 @@ SRAM / flash use, MACs, NPU / CPU operator split, per layer when asked for), whi
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 
@@ -20,12 +19,7 @@ from edgeport.errors import LoweringError
 from edgeport.named_data import NamedDataStore
 from edgeport_arm.options import EthosUCompileSpec
 from edgeport_arm.preprocess import lower_to_tosa
-from edgeport_arm.runtime import tosa_key
-
-
-def estimates_key(ethos_u_blob: bytes | memoryview) -> str:
-    """Named-data key of Vela's estimates for an Ethos-U delegate."""
-    return "edgeport.arm.vela." + hashlib.sha256(bytes(ethos_u_blob)).hexdigest()
+from edgeport_arm.keys import estimates_key, tosa_key
 
 
 def preprocess_ethos_u(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
@@ -46,4 +40,4 @@ def preprocess_ethos_u(edge_program: ExportedProgram, compile_specs: Sequence[Co
     store = NamedDataStore()
     store.add_named_data(tosa_key(result.blob), tosa, alignment=16)
     store.add_named_data(estimates_key(result.blob), json.dumps(estimates, sort_keys=True).encode(), alignment=1)
-    return PreprocessResult(processed_bytes=result.blob, data_store_output=store.get_named_data_store_output())
+    return PreprocessResult(processed_bytes=result.blob, data_store_output=store.output())

@@ -89,10 +89,10 @@ def _describe(processed: Any) -> dict[str, Any]:
     return describe_tosa_blob(processed)
 
 
-def _describe_ethos_u(processed: Any) -> dict[str, Any]:
+def _describe_ethos_u(processed: Any, named_data: Any = None) -> dict[str, Any]:
     from edgeport_arm.describe import describe_ethos_u_blob
 
-    return describe_ethos_u_blob(processed)
+    return describe_ethos_u_blob(processed, named_data=named_data)
 
 
 @edgeport.hookimpl

@@ -2,7 +2,7 @@
 
 ``TOSABackend`` delegates hold a TOSA flatbuffer. ``EthosUBackend`` delegates hold Vela's command stream, which
 needs an Ethos-U NPU (or Arm's FVP); the program also carries the partition's TOSA graph as named data
-(:func:`tosa_key`, ignored by ExecuTorch's runtime), and this executor runs that graph on the reference model --
+(:func:`~edgeport_arm.keys.tosa_key`, ignored by ExecuTorch's runtime), and this executor runs that graph on the reference model --
 the method profile says so (``DelegateInfo.execution``): reference execution, not NPU execution.
 
 Every blob is checked by :func:`~edgeport_arm.schema.tosa_reader.read_tosa` before the reference model sees it;
@@ -13,7 +13,6 @@ process's stdout/stderr from native code; they are captured (file-descriptor lev
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 import threading
@@ -25,16 +24,12 @@ import numpy as np
 
 from edgeport.backend import CompileSpec
 from edgeport.errors import ProgramError, RuntimeExecutionError
+from edgeport_arm.keys import tosa_key
 from edgeport_arm.options import ETHOSU_BACKEND_ID, TOSA_BACKEND_ID
 from edgeport_arm.schema.tosa_reader import TosaGraphInfo, read_tosa
 
 _NUMPY = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "float32": np.float32, "bool": np.bool_}
 _FD_LOCK = threading.Lock()
-
-
-def tosa_key(ethos_u_blob: bytes | memoryview) -> str:
-    """Named-data key of the TOSA graph carried beside an Ethos-U delegate's Vela stream."""
-    return "edgeport.arm.tosa." + hashlib.sha256(bytes(ethos_u_blob)).hexdigest()
 
 
 @contextlib.contextmanager

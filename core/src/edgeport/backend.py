@@ -226,6 +226,7 @@ class BackendSpec:
     runtime_options: type[RuntimeOptions] | None = None
     # processed bytes -> a JSON-able description (format/producer version, target, op counts, tensor bytes,
     # compile options); shown by ``edgeport inspect``. Must not crash on bad bytes: raise ValueError instead.
+    # When it declares a ``named_data`` parameter it also gets the program's ``key -> memoryview`` lookup.
     describe_blob: Callable[[bytes | memoryview], dict[str, Any]] | None = None
     distribution: str | None = None  # filled in by the registry for entry-point plugins
 

@@ -34,7 +34,9 @@ def _value(plan: S.ExecutionPlan, index: int) -> dict[str, Any]:
     return {"kind": type(val).__name__.lower() if val is not None else "none"}
 
 
-def _describe(backend_id: str, blob: memoryview) -> dict[str, Any]:
+def _describe(backend_id: str, blob: memoryview, named_data: Any = None) -> dict[str, Any]:
+    import inspect
+
     from edgeport.errors import BackendNotFoundError
     from edgeport.registry import get_backend
 
@@ -45,6 +47,12 @@ def _describe(backend_id: str, blob: memoryview) -> dict[str, Any]:
     if spec.describe_blob is None:
         return {"error": f"backend {backend_id!r} has no describe_blob"}
     try:
+        try:
+            takes_named_data = "named_data" in inspect.signature(spec.describe_blob).parameters
+        except (TypeError, ValueError):
+            takes_named_data = False
+        if takes_named_data and named_data is not None:  # e.g. estimates a backend keeps beside its blob
+            return dict(spec.describe_blob(blob, named_data=named_data))
         return dict(spec.describe_blob(blob))
     except ValueError as exc:
         return {"error": f"the blob is not valid for {backend_id}: {exc}"}
@@ -66,7 +74,7 @@ def _method(lp: Any, pi: int, plan: S.ExecutionPlan, describe: bool) -> dict[str
         entry: dict[str, Any] = {"index": di, "backend": d.id, "blob_bytes": len(blob),
                                  "compile_specs": sorted(cs.key for cs in d.compile_specs)}
         if describe:
-            entry["description"] = _describe(d.id, blob)
+            entry["description"] = _describe(d.id, blob, getattr(lp, "named_data", None))
         delegates.append(entry)
     external = []
     for vi, value in enumerate(plan.values):
