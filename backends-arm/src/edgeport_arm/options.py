@@ -181,6 +181,8 @@ class EthosUCompileSpec(CompileOptions):
 
 def default_system_config(target: str) -> tuple[str, str]:
     """Vela's system configuration and memory mode ExecuTorch picks for a target's family."""
+    if target not in ETHOSU_TARGETS:
+        raise ValueError(f"unknown Ethos-U target {target!r}; one of {list(ETHOSU_TARGETS)}")
     if "ethos-u55" in target:
         return "Ethos_U55_High_End_Embedded", "Shared_Sram"
     if "ethos-u65" in target:

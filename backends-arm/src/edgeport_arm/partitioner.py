@@ -41,6 +41,10 @@ _CONSTANT_ARGS = {"aten.convolution.default": (1, 2), "aten.linear.default": (1,
                   "aten.native_layer_norm.default": (2, 3)}
 
 
+def arg_or_none(node: torch.fx.Node, index: int) -> object:
+    return node.args[index] if len(node.args) > index else None
+
+
 class _ArmPartitioner(CapabilityBasedPartitioner):
     def __init__(self, backend_id: str, compile_spec: TosaCompileSpec | EthosUCompileSpec, *, ethos_u: bool,
                  cpu_fallback: bool, min_partition_size: int, node_filter: NodeFilter | None) -> None:
@@ -82,18 +86,20 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
                 return verdict or "rejected by node_filter"
         return None
 
-    def _islands(self, graph: torch.fx.Graph) -> dict[torch.fx.Node, str | None]:
-        """Fixpoint of the quantized-island rules over the nodes the table accepts."""
+    def _islands(self, graph: torch.fx.Graph, banned: dict[torch.fx.Node, str]) -> dict[torch.fx.Node, str | None]:
+        """Fixpoint of the quantized-island rules over the nodes the table accepts (minus ``banned``)."""
         self.node_filter = self._own_checks
         verdict: dict[torch.fx.Node, str | None] = {}
         for node in graph.nodes:
             if node.op == "call_function" and node.target.__name__ != "getitem":
-                verdict[node] = self.check_node(node)
+                verdict[node] = banned.get(node) or self.check_node(node)
         self.node_filter = self._user_filter
         taken = {n for n, why in verdict.items() if why is None}
 
-        def ok_input(a: torch.fx.Node) -> bool:
-            return self._is_constant(a) or a in taken or (a.op == "call_function" and a.target.__name__ ==
+        def ok_input(node: torch.fx.Node, a: torch.fx.Node) -> bool:
+            if self._is_constant(a):  # a float constant: only a bias (quantized to int32 by the lowering)
+                return op_name(node.target) in _CONSTANT_ARGS and a is arg_or_none(node, 2)
+            return a in taken or (a.op == "call_function" and a.target.__name__ ==
                                                           "getitem" and a.args[0] in taken)
 
         changed = True
@@ -104,14 +110,14 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
                 why = None
                 if name == QUANTIZE:
                     src = node.args[0]
-                    if src not in taken:
+                    if not ok_input(node, src):
                         why = f"quantizes {src.name}, which is not delegated (a float input: stays on the CPU)"
                 elif name in _DQS:
                     outside = [u.name for u in node.users if u not in taken]
                     if outside:
                         why = f"its float result is used outside the delegate by {outside}"
                 else:
-                    bad_in = [a.name for a in node.all_input_nodes if not ok_input(a)]
+                    bad_in = [a.name for a in node.all_input_nodes if not ok_input(node, a)]
                     bad_out = [u.name for u in node.users if u not in taken and not (
                         u.op == "call_function" and u.target.__name__ == "getitem"
                         and all(uu in taken for uu in u.users))]
@@ -128,18 +134,38 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
     # -- partitioning ----------------------------------------------------------------------------------------
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         self._constants = constant_placeholder_names(exported_program)
-        if self.integer:
-            verdict = self._islands(exported_program.graph)
-            self.node_filter = lambda n: verdict.get(n) or True
-        else:
-            self.node_filter = self._own_checks
+        banned: dict[torch.fx.Node, str] = {}
         try:
-            result = super().partition(exported_program)
+            while True:
+                if self.integer:
+                    verdict = self._islands(exported_program.graph, banned)
+                    self.node_filter = lambda n: verdict.get(n) or True
+                else:
+                    self.node_filter = self._own_checks
+                result = super().partition(exported_program)
+                split = self._split_dequantizes(exported_program.graph) if self.integer else {}
+                if not split:
+                    break
+                banned.update(split)  # a float tensor would cross between two partitions: keep it on the CPU
         finally:
             self.node_filter = self._user_filter
         if self.integer and not self.cpu_fallback:
             self._refuse_float_leftovers(exported_program)
         return result
+
+    @staticmethod
+    def _split_dequantizes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
+        """Delegated dequantizes whose users ended up in another partition (so their float result would cross)."""
+        out = {}
+        for node in graph.nodes:
+            tag = node.meta.get("delegation_tag")
+            if tag is None or node.op != "call_function" or op_name(node.target) not in _DQS:
+                continue
+            others = [u.name for u in node.users if u.meta.get("delegation_tag") != tag]
+            if others:
+                out[node] = (f"{op_name(node.target)}: its users {others} fall in another partition (a cycle through "
+                             "CPU nodes keeps them apart), so its float result would cross partitions")
+        return out
 
     def _refuse_float_leftovers(self, ep: ExportedProgram) -> None:
         left = []

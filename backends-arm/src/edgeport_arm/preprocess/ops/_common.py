@@ -86,3 +86,24 @@ def unary(ctx: Lowering, op: Any, attr: str, a: str, shape: Sequence[int], dtype
 
 def scalar(ctx: Lowering, value: float, rank: int) -> str:
     return ctx.g.const(np.full((1,) * rank, value, np.float32), DType.FP32, "scalar")
+
+
+def fit_padding(ctx: Lowering, x: Value, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                pad: list[int]) -> tuple[Value, list[int]]:
+    """TOSA wants ``(in - 1 + pads - (k - 1) * d) % stride == 0``; torch floors instead. Drop the bottom/right
+    padding (then input rows/columns) that no output uses. ``x`` is NHWC; ``pad`` is [top, bottom, left, right]."""
+    pad = list(pad)
+    crop = [0, 0]
+    for axis in range(2):
+        size = x.shape[1 + axis]
+        rem = (size - 1 + pad[2 * axis] + pad[2 * axis + 1] - (kernel[axis] - 1) * dilation[axis]) % stride[axis]
+        take = min(rem, pad[2 * axis + 1])
+        pad[2 * axis + 1] -= take
+        crop[axis] = rem - take
+    if any(crop):
+        shape = (x.shape[0], x.shape[1] - crop[0], x.shape[2] - crop[1], x.shape[3])
+        out = ctx.g.tensor(shape, x.dtype)
+        ctx.g.op(Op.SLICE, [x.name, ctx.g.shape_const([0, 0, 0, 0], "start"), ctx.g.shape_const(shape, "size")], [out],
+                 "SliceAttribute")
+        x = x.with_(name=out, shape=shape)
+    return x, pad

@@ -13,7 +13,7 @@ import torch
 from edgeport.errors import LoweringError
 from edgeport_arm.preprocess.graph import DType, Op
 from edgeport_arm.preprocess.lowering import Lowering
-from edgeport_arm.preprocess.ops._common import arg, nhwc_shape, pair, zero_point_const
+from edgeport_arm.preprocess.ops._common import arg, fit_padding, nhwc_shape, pair, zero_point_const
 from edgeport_arm.preprocess.values import Const, Value
 
 
@@ -27,6 +27,7 @@ def weight_scales(w: Const, channels: int) -> np.ndarray:
 def emit_conv(ctx: Lowering, x: Value, w: Const, bias: Const | None, out_shape: tuple[int, ...], *,
               depthwise: bool, stride: tuple[int, int], pad: list[int], dilation: tuple[int, int]) -> Value:
     """``x`` NHWC; ``w`` in torch layout [O, I/g, KH, KW]; returns the NHWC result (int32 or float32)."""
+    x, pad = fit_padding(ctx, x, w.data.shape[2:], stride, dilation, pad)
     out_ch = w.data.shape[0]
     if depthwise:
         cin = x.shape[3]

@@ -16,7 +16,7 @@ import tosa_serializer as ts
 from edgeport.errors import LoweringError
 from edgeport_arm.preprocess.graph import DType, Op
 from edgeport_arm.preprocess.lowering import Lowering, static_shape
-from edgeport_arm.preprocess.ops._common import arg, mul, nhwc_shape, pair, scalar, zero_point_const
+from edgeport_arm.preprocess.ops._common import arg, fit_padding, mul, nhwc_shape, pair, scalar, zero_point_const
 from edgeport_arm.preprocess.values import Value
 
 
@@ -26,9 +26,10 @@ def _max_pool(ctx: Lowering, node: torch.fx.Node) -> Value:
     stride = pair(arg(node, 2, "stride", None) or kernel)
     ph, pw = pair(arg(node, 3, "padding", 0))
     shape = nhwc_shape(node)
+    x, pad = fit_padding(ctx, x, kernel, stride, (1, 1), [ph, ph, pw, pw])
     out = ctx.g.tensor(shape, x.dtype)
     ctx.g.op(Op.MAX_POOL2D, [x.name], [out], "MaxPool2dAttribute", kernel=list(kernel), stride=list(stride),
-             pad=[ph, ph, pw, pw], nan_mode=ts.NanPropagationMode.PROPAGATE)
+             pad=pad, nan_mode=ts.NanPropagationMode.PROPAGATE)
     return x.with_(name=out, shape=shape)
 
 
@@ -46,6 +47,7 @@ def _avg_pool(ctx: Lowering, x: Value, kernel: tuple[int, int], stride: tuple[in
     zp = x.q.zero_point if (ctx.integer and x.q is not None) else 0
     if ctx.integer and x.q is None:
         raise LoweringError("integer average pooling needs a dequantized int8 input")
+    x, pad = fit_padding(ctx, x, kernel, stride, (1, 1), pad)
     out = ctx.g.tensor(shape, x.dtype)
     ctx.g.op(Op.AVG_POOL2D, [x.name, zero_point_const(ctx, x.dtype, zp), zero_point_const(ctx, x.dtype, zp)], [out],
              "AvgPool2dAttribute", kernel=list(kernel), stride=list(stride), pad=pad,
