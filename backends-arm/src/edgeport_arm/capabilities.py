@@ -131,7 +131,7 @@ _TABLE = (
     OpCapability("aten.hardswish.default", _F, _static, "ADD/CLAMP/MUL (int8: TABLE)"),
     OpCapability("aten.gelu.default", _F, _static, "ERF or TANH arithmetic (int8: TABLE)"),
     OpCapability("aten.max_pool2d.default", _F, _max_pool, "MAX_POOL2D"),
-    OpCapability("aten.max_pool2d_with_indices.default", ("float32", "int64"), _max_pool, "MAX_POOL2D (values only)"),
+    OpCapability("aten.max_pool2d_with_indices.default", _F, _max_pool, "MAX_POOL2D (values only)"),
     OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "AVG_POOL2D"),
     OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "AVG_POOL2D over H, W"),
     OpCapability("aten.mean.dim", _F, _static, "AVG_POOL2D (H, W) or REDUCE_SUM x 1/N"),

@@ -185,9 +185,10 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        """Keep ``linear``, ``hardswish`` and ``gelu`` whole: each is one TOSA pattern (or one int8 TABLE)."""
+        """Keep ``linear``, ``hardswish``, ``gelu`` and ``max_pool2d`` whole: each is one TOSA pattern (or one int8
+        TABLE); a ``max_pool2d`` kept whole has no int64 indices output."""
         aten = torch.ops.aten
-        return [aten.linear.default, aten.hardswish.default, aten.gelu.default], None
+        return [aten.linear.default, aten.hardswish.default, aten.gelu.default, aten.max_pool2d.default], None
 
 
 class TOSAPartitioner(_ArmPartitioner):
