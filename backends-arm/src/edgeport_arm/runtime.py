@@ -125,8 +125,12 @@ class TosaReferenceExecutor:
                 raise RuntimeExecutionError(f"{handle.backend_id}: input {i} must be {t.dtype_name} of shape "
                                             f"{list(t.shape)}, got {a.dtype} {list(a.shape)}")
             arrays.append(np.ascontiguousarray(a))
-        with _captured_native_output() as log:
-            outs, status = rm.run(handle.blob, arrays)
+        try:
+            with _captured_native_output() as log:
+                outs, status = rm.run(handle.blob, arrays)
+        except (ValueError, RuntimeError) as exc:  # the reference model's own checks of the graph
+            raise RuntimeExecutionError(f"{handle.backend_id}: the TOSA reference model refused the graph: {exc}: "
+                                        f"{''.join(log).strip()[-2000:]}") from None
         if getattr(status, "name", str(status)) != "TOSA_VALID":
             raise RuntimeExecutionError(f"{handle.backend_id}: the TOSA reference model returned {status}: "
                                         f"{''.join(log).strip()[-2000:]}")

@@ -68,6 +68,49 @@ def read_tosa(data: bytes | memoryview, what: str = "TOSA graph") -> TosaGraphIn
         raise ProgramError(f"{what}: corrupt flatbuffer ({type(exc).__name__}: {exc})") from None
 
 
+def _attribute_names() -> dict[int, str]:
+    from tosa.Attribute import Attribute
+
+    return {v: k for k, v in vars(Attribute).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+def _enum_values(module: str, name: str) -> set[int]:
+    import importlib
+
+    cls = getattr(importlib.import_module(f"tosa.{module}"), name)
+    return {v for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+def _check_attribute(op: Any, op_name: str, where: str, tensors: dict[str, TosaTensorInfo]) -> None:
+    """The attribute is the one the operator takes, every field of it reads, and its enums are in range."""
+    import importlib
+
+    attr_name = _attribute_names().get(int(op.AttributeType()), "NONE")
+    if attr_name.lower() != op_name.replace("_", "").lower() + "attribute":
+        raise ProgramError(f"{where}: carries attribute {attr_name}, the operator needs its own attribute table")
+    table = op.Attribute()
+    if table is None:
+        raise ProgramError(f"{where}: attribute table missing")
+    cls = getattr(importlib.import_module(f"tosa.{attr_name}"), attr_name)
+    attr = cls()
+    attr.Init(table.Bytes, table.Pos)
+    enums = {"NanMode": ("NanPropagationMode", "NanPropagationMode"), "RoundingMode": ("RoundingMode", "RoundingMode"),
+             "AccType": ("DType", "DType"), "Mode": ("ResizeMode", "ResizeMode")}
+    for method in dir(cls):
+        if method.startswith("_") or method in ("Init", "GetRootAs") or method.startswith("GetRootAs") or \
+                method.endswith(("BufferHasIdentifier", "IsNone")) or (method + "Length") in dir(cls):
+            continue
+        value = getattr(attr, method)()
+        if method in enums and int(value) not in _enum_values(*enums[method]):
+            raise ProgramError(f"{where}: attribute field {method} = {value} is not a valid value")
+    if op_name == "CLAMP" and op.InputsLength() >= 1:
+        src = tensors.get(op.Inputs(0).decode("utf-8"))
+        size = (_ELEMENT_BITS.get(src.dtype, 8) + 7) // 8 if src else 0
+        if attr.MinValLength() != size or attr.MaxValLength() != size:
+            raise ProgramError(f"{where}: clamp bounds of {attr.MinValLength()}/{attr.MaxValLength()} bytes for a "
+                               f"{size}-byte element type")
+
+
 def _check_offset(buf: bytes, pos: int, what: str) -> None:
     if not 0 <= pos < len(buf):
         raise ProgramError(f"{what}: offset {pos} lies outside the {len(buf)}-byte buffer")
@@ -139,6 +182,7 @@ def _walk(buf: bytes, what: str) -> TosaGraphInfo:
                 if ref not in tensors and ref not in shapes:
                     raise ProgramError(f"{what}: operator {i} ({names[code]}) {kind} {ref!r} is not a tensor of the "
                                        "graph")
+        _check_attribute(op, names[code], f"{what}: operator {i} ({names[code]})", tensors)
         op_counts[names[code]] = op_counts.get(names[code], 0) + 1
 
     def io(count: int, get: Any, kind: str) -> list[TosaTensorInfo]:
