@@ -10,7 +10,6 @@ import textwrap
 
 import numpy as np
 import pytest
-import tosa_serializer as ts
 
 from edgeport.backend import CompileSpec
 from edgeport.errors import ProgramError, RuntimeExecutionError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgeport.testing import BackendConformance
-from edgeport_arm import TOSAPartitioner, TosaCompileSpec
+from edgeport_arm import TosaCompileSpec, TOSAPartitioner
 
 
 class TestTosaConformance(BackendConformance):

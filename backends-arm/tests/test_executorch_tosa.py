@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from arm_models import build, run
 
 pytestmark = pytest.mark.executorch

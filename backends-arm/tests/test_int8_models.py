@@ -12,15 +12,15 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from arm_models import MODELS, build, quantize_and_lower, run, sqnr_db
+
 from edgeport_arm import (
     EthosUCompileSpec,
     EthosUPartitioner,
     EthosUQuantizer,
+    TosaCompileSpec,
     TOSAPartitioner,
     TOSAQuantizer,
-    TosaCompileSpec,
 )
 from edgeport_arm.keys import estimates_key
 

@@ -17,9 +17,9 @@ from torch.export import ExportedProgram
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport.named_data import NamedDataStore
+from edgeport_arm.keys import estimates_key, tosa_key
 from edgeport_arm.options import EthosUCompileSpec
 from edgeport_arm.preprocess import lower_to_tosa
-from edgeport_arm.keys import estimates_key, tosa_key
 
 
 def preprocess_ethos_u(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:

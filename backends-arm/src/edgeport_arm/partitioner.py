@@ -139,7 +139,7 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
             while True:
                 if self.integer:
                     verdict = self._islands(exported_program.graph, banned)
-                    self.node_filter = lambda n: verdict.get(n) or True
+                    self.node_filter = lambda n, v=verdict: v.get(n) or True
                 else:
                     self.node_filter = self._own_checks
                 result = super().partition(exported_program)

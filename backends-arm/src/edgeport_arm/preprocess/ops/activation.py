@@ -29,7 +29,7 @@ def _clamp(ctx: Lowering, node: torch.fx.Node, lo: float | None, hi: float | Non
         return v.with_(bounds=_bounds(lo, hi, v))
     lo_f = -math.inf if lo is None else lo
     hi_f = math.inf if hi is None else hi
-    big = float(3.4e38)
+    big = 3.4e38
     return v.with_(name=ctx.g.clamp(v.name, v.shape, DType.FP32, max(lo_f, -big), min(hi_f, big)))
 
 

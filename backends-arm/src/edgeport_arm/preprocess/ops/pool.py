@@ -16,7 +16,15 @@ import tosa_serializer as ts
 from edgeport.errors import LoweringError
 from edgeport_arm.preprocess.graph import DType, Op
 from edgeport_arm.preprocess.lowering import Lowering, static_shape
-from edgeport_arm.preprocess.ops._common import arg, fit_padding, mul, nhwc_shape, pair, scalar, zero_point_const
+from edgeport_arm.preprocess.ops._common import (
+    arg,
+    fit_padding,
+    mul,
+    nhwc_shape,
+    pair,
+    scalar,
+    zero_point_const,
+)
 from edgeport_arm.preprocess.values import Value
 
 
