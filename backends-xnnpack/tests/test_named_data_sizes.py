@@ -84,7 +84,7 @@ def test_stock_runtime_runs_both_methods_sharing_a_weight(two_methods):
         pytest.skip(stock_runtime_missing())
     pte, models, x = two_methods
     results = run_cases([(name, pte, name, [x]) for name in models])
-    for result, (name, model) in zip(results, models.items()):
+    for result, (_name, model) in zip(results, models.items()):
         assert result.crash is None and result.outputs is not None, f"{result.describe()}\n{result.log}"
         with torch.no_grad():
             np.testing.assert_allclose(result.outputs[0], model(x).numpy(), rtol=1e-4, atol=1e-4)
