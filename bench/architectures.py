@@ -219,10 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_section(section: str, path: Path) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), leaving every other section alone."""
+def write_section(section: str, path: Path, title: str = SECTION_TITLE) -> None:
+    """Replace one benchmark's section (``title``) of ``path`` (or append it), leaving every other section alone."""
     text = path.read_text() if path.exists() else "# edgeport benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION_TITLE)}[ \t]*\n.*?(?=^## (?!#)|\Z)", re.M | re.S)
+    pattern = re.compile(rf"^{re.escape(title)}[ \t]*\n.*?(?=^## (?!#)|\Z)", re.M | re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _m: section.rstrip("\n") + "\n\n", text, count=1).rstrip("\n") + "\n"
     else:

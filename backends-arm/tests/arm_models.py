@@ -11,6 +11,7 @@ from torch import nn
 
 from edgeport import to_edge_transform_and_lower
 from edgeport.runtime import Runtime
+from edgeport.testing.models import keyword_spotter
 
 
 class ConvBlock(nn.Module):
@@ -28,23 +29,6 @@ class ConvBlock(nn.Module):
         z = torch.sigmoid(z) * z
         z = nn.functional.avg_pool2d(z, 2).mean(dim=(2, 3))
         return self.fc(z)
-
-
-class KeywordSpotter(nn.Module):
-    """A DS-CNN-style keyword-spotting network on a 49x10 MFCC map (as on Ethos-U55 microcontrollers)."""
-
-    def __init__(self, classes: int = 12) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [nn.Conv2d(1, 16, (10, 4), stride=(2, 2), padding=(5, 1)), nn.BatchNorm2d(16),
-                                   nn.ReLU()]
-        for _ in range(2):
-            layers += [nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU(),
-                       nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.ReLU()]
-        self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(16, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(nn.functional.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
 class Mlp(nn.Module):
@@ -71,9 +55,9 @@ class PoolCat(nn.Module):
         return y.reshape(1, -1)
 
 
-MODELS: dict[str, tuple[type[nn.Module], tuple[int, ...]]] = {
+MODELS: dict[str, tuple[Any, tuple[int, ...]]] = {
     "conv_block": (ConvBlock, (1, 3, 8, 8)),
-    "keyword_spotter": (KeywordSpotter, (1, 1, 49, 10)),
+    "keyword_spotter": (lambda: keyword_spotter()[0], (1, 1, 49, 10)),
     "mlp": (Mlp, (1, 32)),
     "pool_cat": (PoolCat, (1, 4, 8, 8)),
 }

@@ -44,3 +44,30 @@ def test_executorch_tosa_program_runs_on_edgeport(name):
     assert status.name == "TOSA_VALID"
     expect = (ref[0].astype(np.float32) - dequant.args[2]) * np.float32(dequant.args[1])
     np.testing.assert_array_equal(outs[0].reshape(-1), expect.reshape(-1))
+
+
+def test_executorch_ethos_u_program_is_refused_clearly():
+    """ExecuTorch's Ethos-U programs carry only Vela's command stream: edgeport reads the stream (it is valid) and
+    says it needs the NPU, instead of pretending to run it."""
+    pytest.importorskip("executorch.backends.arm.ethosu")
+    from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
+    from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgeport.errors import ProgramError
+    from edgeport.program.reader import load_pte
+    from edgeport_arm.schema.vela_stream import parse_vela_stream
+
+    model, x = build("mlp")
+    spec = EthosUCompileSpec("ethos-u55-128")
+    quantizer = EthosUQuantizer(spec)
+    quantizer.set_global(get_symmetric_quantization_config())
+    prepared = prepare_pt2e(torch.export.export(model, (x,)).module(check_guards=False), quantizer)
+    prepared(x)
+    ep = torch.export.export(convert_pt2e(prepared), (x,))
+    pte = to_edge_transform_and_lower(ep, partitioner=[EthosUPartitioner(spec)]).to_executorch().buffer
+    stream = parse_vela_stream(load_pte(pte).delegate_data(0, 0))
+    assert stream.cmd_data and stream.inputs and stream.outputs
+    with pytest.raises(ProgramError, match="can only run on an Ethos-U NPU"):
+        run(pte, [x])

@@ -63,13 +63,23 @@ def _ethos_u_quantizer(**options: Any) -> Any:
     return EthosUQuantizer(**options)
 
 
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown version"
+
+
 def _available() -> tuple[bool, str]:
     try:
         import tosa_reference_model  # noqa: F401
         import tosa_serializer  # noqa: F401
     except ImportError as exc:
-        return False, f"tosa-tools is not installed (pip install edgeport-arm pulls it in): {exc}"
-    return True, "executes on Arm's TOSA reference model"
+        return False, (f"Arm's tosa-tools (TOSA serializer and reference model) cannot be imported: {exc}. "
+                       "Fix: pip install tosa-tools (edgeport-arm depends on it)")
+    return True, f"executes on Arm's TOSA reference model (tosa-tools {_version('tosa-tools')})"
 
 
 def _ethos_u_available() -> tuple[bool, str]:
@@ -79,8 +89,9 @@ def _ethos_u_available() -> tuple[bool, str]:
     try:
         import ethosu.vela  # noqa: F401
     except ImportError as exc:
-        return False, f"Vela is not installed (pip install ethos-u-vela==5.2.0): {exc}"
-    return True, "compiles with Vela; executes the carried TOSA graph on the reference model (no NPU here)"
+        return False, f"Arm's Vela cannot be imported: {exc}. Fix: pip install ethos-u-vela==5.2.0"
+    return True, (f"compiles with Vela {_version('ethos-u-vela')}; executes the carried TOSA graph on the reference "
+                  f"model (tosa-tools {_version('tosa-tools')}), not on an NPU")
 
 
 def _describe(processed: Any) -> dict[str, Any]:

@@ -195,3 +195,55 @@ MODELS: dict[str, Callable[..., tuple[Any, tuple[Any, ...]]]] = {
     "resnet_block": resnet_block,
     "transformer_encoder_layer": transformer_encoder_layer,
 }
+
+
+def keyword_spotter(seed: int = 0, classes: int = 12) -> tuple[Any, tuple[Any, ...]]:
+    """A DS-CNN-style keyword spotter on a 49x10 MFCC map, the size microcontroller NPUs (Ethos-U55) run."""
+    torch = _torch()
+    torch.manual_seed(seed)
+    nn = torch.nn
+
+    class KeywordSpotter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layers: list[Any] = [nn.Conv2d(1, 16, (10, 4), stride=(2, 2), padding=(5, 1)), nn.BatchNorm2d(16),
+                                 nn.ReLU()]
+            for _ in range(2):
+                layers += [nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU(),
+                           nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.ReLU()]
+            self.features = nn.Sequential(*layers)
+            self.fc = nn.Linear(16, classes)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(nn.functional.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
+
+    model = KeywordSpotter()
+    _randomize_bn(model)
+    return model.eval(), (torch.randn(1, 1, 49, 10),)
+
+
+def resnet_stack(seed: int = 0, blocks: int = 3, width: int = 16, resolution: int = 32) -> tuple[Any, tuple[Any, ...]]:
+    """A stem convolution, ``blocks`` ResNet basic blocks (identity shortcuts), global pooling and a classifier."""
+    torch = _torch()
+    torch.manual_seed(seed)
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(conv_bn(width, width, 3, 1), conv_bn(width, width, 3, 1, act=False))
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.body(x) + x)
+
+    model = nn.Sequential(conv_bn(3, width, 3, 2), *[Block() for _ in range(blocks)], nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(width, 10))
+    _randomize_bn(model)
+    return model.eval(), (torch.randn(1, 3, resolution, resolution),)
+
+
+#: Models of the size embedded NPUs run (not in :data:`MODELS`, which every backend's conformance run uses).
+EMBEDDED_MODELS: dict[str, Callable[..., tuple[Any, tuple[Any, ...]]]] = {
+    "keyword_spotter": keyword_spotter,
+    "resnet_stack": resnet_stack,
+}
