@@ -179,8 +179,9 @@ def _fmt_fallback(fb: dict[str, int]) -> str:
 
 
 def report(rows: list[dict[str, Any]], started: str, seconds: float, reps: int) -> str:
-    import torch
     from importlib.metadata import version
+
+    import torch
 
     lines = [SECTION_TITLE, "",
              f"Measured by `bench/arm.py` on {started}: {os.cpu_count()} CPUs, {cpu_model()} (flags: {cpu_flags()}); "
@@ -217,7 +218,7 @@ def main() -> int:
     parser.add_argument("--write-report", action="store_true")
     a = parser.parse_args()
     warnings.filterwarnings("ignore")
-    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.perf_counter()
     rows = measure(a.reps, set(a.models) if a.models else None)
     section = report(rows, started, time.perf_counter() - t0, a.reps)
