@@ -12,9 +12,10 @@ Whole-model by default (an NPU has no float datapath): every op with an int8 low
 affine activations ([-128, 127]) on its inputs and output; convolution and linear weights int8 symmetric per
 output channel ([-127, 127]); biases stay float (the lowering quantizes them to int32 with scale
 ``input_scale * weight_scale``); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
-is fused (only its output is quantized). Pooling, reshapes, permutes and padding share their input's
+is fused (only its output is quantized). Max pooling, reshapes, permutes and padding share their input's
 parameters. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` get their own output parameters (they become
-int8 lookup tables). Ops without an int8 lowering (softmax, layer norm) stay float; ``EthosUPartitioner`` then
+int8 lookup tables), and so do average pooling and ``mean`` (an int32 sum rescaled once: on the input's own scale
+exact .5 ties are frequent, and integer hardware rounds them up where torch rounds to even). Ops without an int8 lowering (softmax, layer norm) stay float; ``EthosUPartitioner`` then
 names them unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen nodes in float.
 """
 
@@ -50,8 +51,10 @@ _CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _ate
            _aten.clamp.default, _aten.clamp_.default, _aten.relu6.default}
 _TABLES = {_aten.sigmoid.default, _aten.tanh.default, _aten.hardswish.default, _aten.hardswish_.default,
            _aten.gelu.default}
-_SHARED = {_aten.max_pool2d.default, _aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim,
-           _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
+# averages get their own output parameters: on the input's scale, exact .5 ties are frequent and integer
+# hardware rounds them differently from torch
+_AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim}
+_SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
            _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
            _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
            _aten.pad.default, _aten.constant_pad_nd.default, _aten.slice.Tensor, _aten._unsafe_view.default}
@@ -101,7 +104,7 @@ class _ArmQuantizer(Quantizer):
                 self._gemm(node)
             elif t in _BINARY or t in _MATMUL:
                 self._binary(node)
-            elif t in _TABLES:
+            elif t in _TABLES or t in _AVERAGES:
                 if _is_float(node.args[0]):
                     self._mark(node, {node.args[0]: self.act}, self.act)
             elif t is _aten.cat.default:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import tosa_serializer as ts
 
@@ -49,9 +50,26 @@ def max_pool2d_with_indices(ctx: Lowering, node: torch.fx.Node) -> tuple[Value, 
     return _max_pool(ctx, node), None
 
 
+def _sum_pool(ctx: Lowering, x: Value, kernel: tuple[int, int], stride: tuple[int, int], shape: tuple[int, ...]
+              ) -> Value:
+    """Integer average pooling without padding: a DEPTHWISE_CONV2D with all-one weights sums in int32 (scale
+    ``input_scale / count``); the quantize after it rounds once, as torch does."""
+    channels = x.shape[3]
+    ones = ctx.g.const(np.ones((kernel[0], kernel[1], channels, 1), np.int8), DType.INT8, "ones")
+    out = ctx.g.tensor(shape, DType.INT32)
+    ctx.g.op(Op.DEPTHWISE_CONV2D, [x.name, ones, ctx.g.const(np.zeros(channels), DType.INT32, "bias"),
+                                   zero_point_const(ctx, DType.INT8, x.q.zero_point), zero_point_const(ctx, DType.INT8)],
+             [out], "DepthwiseConv2dAttribute", pad=[0, 0, 0, 0], stride=list(stride), dilation=[1, 1],
+             local_bound=False, acc_type=DType.INT32)
+    return x.with_(name=out, shape=shape, dtype=DType.INT32, q=None, acc_scale=x.q.scale / (kernel[0] * kernel[1]))
+
+
 def _avg_pool(ctx: Lowering, x: Value, kernel: tuple[int, int], stride: tuple[int, int], pad: list[int],
               shape: tuple[int, ...]) -> Value:
     x = ctx.nhwc(ctx.settle(x))
+    if ctx.integer and x.q is not None and not any(pad):
+        x, _ = fit_padding(ctx, x, kernel, stride, (1, 1), pad)
+        return _sum_pool(ctx, x, kernel, stride, shape)
     zp = x.q.zero_point if (ctx.integer and x.q is not None) else 0
     if ctx.integer and x.q is None:
         raise LoweringError("integer average pooling needs a dequantized int8 input")
