@@ -31,9 +31,10 @@ $PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18
 
 # --- flatbuffers releases side by side (test-only) -------------------------------------------------------------
 # core/tests/program/test_flatbuffers_versions.py writes and reads programs with every Python flatbuffers release
-# from 24.x up to the venv's own (the newest): each older one goes into its own directory, which the test puts first
+# from 24.x up to the newest (the venv's own may be older: tosa-tools pins 25.2.10): each goes into its own directory,
+# which the test puts first
 # on a child interpreter's PYTHONPATH. Pure-Python wheels, a few hundred KB in all.
-for fb_version in 24.3.6 24.3.7 24.3.25 24.12.23 25.1.21 25.1.24 25.2.10 25.9.23; do
+for fb_version in 24.3.6 24.3.7 24.3.25 24.12.23 25.1.21 25.1.24 25.2.10 25.9.23 25.12.19; do
   fb_dir="$VENV/flatbuffers-versions/$fb_version"
   if [ ! -f "$fb_dir/flatbuffers/__init__.py" ]; then
     $PIP install --no-deps --target "$fb_dir" "flatbuffers==$fb_version"

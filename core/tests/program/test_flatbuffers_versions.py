@@ -35,11 +35,13 @@ from edgeport.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[3]
 VERSIONS_DIR = REPO / ".venv" / "flatbuffers-versions"
-# Every release from the oldest 24.x to the newest (pip index versions flatbuffers); "venv" is the venv's own, the
-# newest. A child takes ~7 s (importing executorch's serializer alone takes 3): the default run (CI) covers the
-# oldest, the release tosa-tools pins (25.2.10) and the newest; the others are slow.
+# Every release from the oldest 24.x to the newest (pip index versions flatbuffers), each installed side by side by
+# scripts/install.sh; "venv" is the venv's own (25.2.10 while tosa-tools pins it). A child takes ~7 s (importing
+# executorch's serializer alone takes 3): the default run (CI) covers the oldest, the newest and the venv's own.
 OLDER = ["24.3.6", "24.3.7", "24.3.25", "24.12.23", "25.1.21", "25.1.24", "25.2.10", "25.9.23"]
-DEFAULT_RUN = {"24.3.6", "25.2.10", "venv"}
+NEWEST = "25.12.19"
+RELEASES = [*OLDER, NEWEST]
+DEFAULT_RUN = {"24.3.6", NEWEST, "venv"}
 # Releases whose builder shares a vtable between tables of different sizes (fixed in 25.12.19).
 SHARES_VTABLES_ACROSS_SIZES = set(OLDER)
 CASES = ("edgeport-portable", "edgeport-xnnpack", "executorch-portable")
@@ -174,7 +176,7 @@ def _version_param(version: str):
 
 
 @pytest.mark.executorch
-@pytest.mark.parametrize("version", [_version_param(v) for v in [*OLDER, "venv"]])
+@pytest.mark.parametrize("version", [_version_param(v) for v in [*RELEASES, "venv"]])
 def test_programs_written_with_each_flatbuffers_release_read_and_run(version, tmp_path):
     pytest.importorskip("executorch")
     env = dict(os.environ)
@@ -197,8 +199,8 @@ def test_programs_written_with_each_flatbuffers_release_read_and_run(version, tm
         assert Path(report["where"]) == where / "flatbuffers", report["where"]
     else:
         assert VERSIONS_DIR not in Path(report["where"]).parents, report["where"]
-        newest = max([*OLDER, want], key=lambda v: tuple(int(p) for p in v.split(".")))
-        assert newest == want, f"the venv's flatbuffers {want} is older than a release this test pins"
+        newest = max([*RELEASES, want], key=lambda v: tuple(int(p) for p in v.split(".")))
+        assert newest == NEWEST, f"the venv's flatbuffers {want} is newer than the newest release this test pins"
     assert report["writers"] and all(report["writers"].values()), report["writers"]
 
     eager = np.load(tmp_path / "io.npz")["eager"]
@@ -211,7 +213,7 @@ def test_programs_written_with_each_flatbuffers_release_read_and_run(version, tm
                                        err_msg=f"flatbuffers {want}, {name}, {runtime} runtime vs eager")
         assert (case["delegates"] > 0) == (name == "edgeport-xnnpack"), (name, case["delegates"])
         odd[name] = fields_beyond_table_size(Path(case["pte"]).read_bytes())
-    if version in SHARES_VTABLES_ACROSS_SIZES:
+    if want in SHARES_VTABLES_ACROSS_SIZES:
         # the files really have the layout the old reader refused (else this test would prove nothing)
         assert all(odd.values()), f"flatbuffers {want}: expected fields beyond the vtable's table size: {odd}"
     else:

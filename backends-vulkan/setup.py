@@ -1,0 +1,66 @@
+"""Compiles the GLSL compute shaders to SPIR-V when the package is built (wheel or editable install).
+
+``src/edgeport_vulkan/shaders/*.comp`` -> ``src/edgeport_vulkan/spirv/*.spv`` with ``glslc`` (Debian package
+``glslc``), each validated with ``spirv-val`` (package ``spirv-tools``); the .spv files are package data. Nothing is
+compiled at import time. A .spv newer than its .comp is kept as is.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+SHADERS = ROOT / "src" / "edgeport_vulkan" / "shaders"
+SPIRV = ROOT / "src" / "edgeport_vulkan" / "spirv"
+TARGET_ENV = "vulkan1.1"
+
+
+def _tool(name: str, apt_package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SystemExit(f"edgeport-vulkan: `{name}` is needed to compile the compute shaders to SPIR-V; "
+                         f"install it with `apt-get install {apt_package}`")
+    return path
+
+
+def compile_shaders() -> list[Path]:
+    """Compiles and validates every shader; returns the .spv paths."""
+    sources = sorted(SHADERS.glob("*.comp"))
+    if not sources:
+        raise SystemExit(f"edgeport-vulkan: no shaders found in {SHADERS}")
+    glslc = _tool("glslc", "glslc")
+    spirv_val = _tool("spirv-val", "spirv-tools")
+    SPIRV.mkdir(exist_ok=True)
+    outputs = []
+    for src in sources:
+        out = SPIRV / (src.stem + ".spv")
+        if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+            tmp = out.with_suffix(".spv.tmp")
+            for cmd in ([glslc, "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror",
+                         "-o", str(tmp), str(src)],
+                        [spirv_val, "--target-env", TARGET_ENV, str(tmp)]):
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    tmp.unlink(missing_ok=True)
+                    raise SystemExit(f"edgeport-vulkan: `{' '.join(cmd)}` failed:\n{proc.stdout}{proc.stderr}")
+            tmp.replace(out)
+        outputs.append(out)
+    for stale in set(SPIRV.glob("*.spv")) - set(outputs):
+        stale.unlink()
+    return outputs
+
+
+class BuildPyWithShaders(build_py):
+    """build_py that compiles the shaders first (also runs for PEP 660 editable installs)."""
+
+    def run(self) -> None:
+        compile_shaders()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithShaders})

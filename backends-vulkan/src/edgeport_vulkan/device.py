@@ -1,0 +1,463 @@
+"""Vulkan compute device (torch-free): instance, device, host-visible buffers, compute kernels, dispatch.
+
+Everything goes through the raw Vulkan API (PyPI ``vulkan``, cffi bindings), imported lazily so that importing
+this package works on machines without a Vulkan loader. Buffers are host-visible + host-coherent memory, mapped
+persistently (simple and correct everywhere; a staging path into device-local memory is future work for
+discrete GPUs). Each submission is one command buffer, fenced and waited for synchronously.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from .spirv import ShaderInterface, reflect
+
+__all__ = [
+    "Buffer", "DeviceInfo", "Kernel", "VulkanDevice", "VulkanUnavailableError", "available_shaders", "dispatch",
+]
+
+# Dispatches recorded into one command buffer at most (the descriptor pool is sized for it).
+MAX_DISPATCHES_PER_SUBMIT = 256
+_MAX_BINDINGS = 8
+_FENCE_TIMEOUT_NS = 120 * 1_000_000_000
+_DEVICE_TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
+_DEVICE_TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}  # discrete GPU first, lavapipe (cpu) as a fallback
+
+
+class VulkanUnavailableError(RuntimeError):
+    """No Vulkan loader, no instance, or no compute-capable physical device on this machine."""
+
+
+def available_shaders() -> list[str]:
+    """Names of the compiled shaders shipped in the package (``spirv/<name>.spv``)."""
+    root = resources.files(__package__).joinpath("spirv")
+    if not root.is_dir():
+        return []
+    return sorted(p.name[:-4] for p in root.iterdir() if p.name.endswith(".spv"))
+
+
+def _load_vulkan() -> Any:
+    # Mesa warns on stderr when XDG_RUNTIME_DIR is unset or unusable: give it a private directory.
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if not runtime_dir or not os.access(runtime_dir, os.W_OK):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="edgeport-vulkan-")
+    try:
+        import vulkan
+    except (ImportError, OSError) as exc:
+        raise VulkanUnavailableError(f"the Vulkan loader cannot be used: {exc}") from exc
+    return vulkan
+
+
+def _version_str(v: int) -> str:
+    return f"{(v >> 22) & 0x7F}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the selected physical device is and what it allows."""
+
+    name: str
+    device_type: str
+    api_version: str
+    driver_name: str
+    driver_info: str
+    vendor_id: int
+    device_id: int
+    max_workgroup_count: tuple[int, int, int]
+    max_workgroup_size: tuple[int, int, int]
+    max_workgroup_invocations: int
+    max_shared_memory: int
+    max_push_constants_size: int
+    max_storage_buffer_range: int
+
+
+class Buffer:
+    """A storage buffer in host-visible, host-coherent memory, persistently mapped."""
+
+    def __init__(self, device: VulkanDevice, nbytes: int) -> None:
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"buffer size must be a positive int, got {nbytes!r}")
+        if nbytes > device.info.max_storage_buffer_range:
+            raise ValueError(f"buffer of {nbytes} bytes exceeds the device's maxStorageBufferRange "
+                             f"({device.info.max_storage_buffer_range})")
+        vk = device.vk
+        self.device = device
+        self.nbytes = nbytes
+        self.handle = vk.vkCreateBuffer(device.handle, vk.VkBufferCreateInfo(
+            size=nbytes, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(device.handle, self.handle)
+        try:
+            self.memory = vk.vkAllocateMemory(device.handle, vk.VkMemoryAllocateInfo(
+                allocationSize=req.size, memoryTypeIndex=device.memory_type(req.memoryTypeBits)), None)
+        except Exception:
+            vk.vkDestroyBuffer(device.handle, self.handle, None)
+            raise
+        vk.vkBindBufferMemory(device.handle, self.handle, self.memory, 0)
+        self._mapped = vk.vkMapMemory(device.handle, self.memory, 0, nbytes, 0)
+        self._bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=nbytes)
+        device._buffers.add(self)
+
+    @property
+    def alive(self) -> bool:
+        return self._bytes is not None
+
+    def view(self, dtype: Any = np.float32) -> np.ndarray:
+        """The mapped memory as a flat numpy array (valid until :meth:`release`)."""
+        if self._bytes is None:
+            raise ValueError("buffer was released")
+        return self._bytes.view(dtype)
+
+    def write(self, array: np.ndarray, offset: int = 0) -> None:
+        """Copies a C-contiguous array into the buffer at byte ``offset``."""
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise ValueError("write() needs a C-contiguous numpy array")
+        if offset < 0 or offset + array.nbytes > self.nbytes:
+            raise ValueError(f"write of {array.nbytes} bytes at offset {offset} overflows a {self.nbytes}-byte buffer")
+        self.view(np.uint8)[offset:offset + array.nbytes] = array.reshape(-1).view(np.uint8)
+
+    def read(self, shape: Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+        """A copy of the buffer's leading bytes as an array of ``shape``."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dtype.itemsize > self.nbytes:
+            raise ValueError(f"read of {count} x {dtype} overflows a {self.nbytes}-byte buffer")
+        return self.view(dtype)[:count].reshape(tuple(shape)).copy()
+
+    def release(self) -> None:
+        """Unmaps and frees the buffer (idempotent)."""
+        if self._bytes is None:
+            return
+        vk, dev = self.device.vk, self.device.handle
+        self._bytes = None
+        self._mapped = None
+        vk.vkUnmapMemory(dev, self.memory)
+        vk.vkDestroyBuffer(dev, self.handle, None)
+        vk.vkFreeMemory(dev, self.memory, None)
+        self.device._buffers.discard(self)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Kernel:
+    """A compute pipeline built from ``spirv/<name>.spv``; its layout is reflected from the SPIR-V itself.
+
+    ``spec`` gives the shader's int specialization constants in constant_id order (baked into the pipeline:
+    op codes and ranks, so drivers compile away the branches); missing trailing ones keep their defaults.
+    """
+
+    def __init__(self, device: VulkanDevice, name: str, code: bytes, spec: tuple[int, ...] = ()) -> None:
+        vk = device.vk
+        self.name = name
+        self.spec = spec
+        self.interface: ShaderInterface = reflect(code)
+        ids = self.interface.spec_constants
+        if len(spec) > len(ids) or not all(isinstance(v, int) and -2**31 <= v < 2**31 for v in spec):
+            raise ValueError(f"shader {name!r} takes {len(ids)} int specialization constants, got {spec!r}")
+        if self.interface.bindings > _MAX_BINDINGS:
+            raise ValueError(f"shader {name!r} uses {self.interface.bindings} bindings (max {_MAX_BINDINGS})")
+        if self.interface.push_constant_size > device.info.max_push_constants_size:
+            raise ValueError(f"shader {name!r} needs {self.interface.push_constant_size} bytes of push constants")
+        dev = device.handle
+        self.module = vk.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
+        self.set_layout = vk.vkCreateDescriptorSetLayout(dev, vk.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=self.interface.bindings,
+            pBindings=[vk.VkDescriptorSetLayoutBinding(
+                binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(self.interface.bindings)]), None)
+        ranges = []
+        if self.interface.push_constant_size:
+            ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
+                                             size=self.interface.push_constant_size)]
+        self.layout = vk.vkCreatePipelineLayout(dev, vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=len(ranges),
+            pPushConstantRanges=ranges or None), None)
+        spec_info = None
+        if spec:
+            self._spec_data = struct.pack(f"<{len(spec)}i", *spec)  # must outlive pipeline creation
+            spec_info = vk.VkSpecializationInfo(
+                mapEntryCount=len(spec),
+                pMapEntries=[vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
+                             for i, cid in enumerate(ids[:len(spec)])],
+                dataSize=len(self._spec_data), pData=vk.ffi.from_buffer(self._spec_data))
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
+                                                   pName="main", pSpecializationInfo=spec_info)
+        self.pipeline = vk.vkCreateComputePipelines(
+            dev, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
+
+    @property
+    def bindings(self) -> int:
+        return self.interface.bindings
+
+    @property
+    def push_constant_size(self) -> int:
+        return self.interface.push_constant_size
+
+    @property
+    def local_size(self) -> tuple[int, int, int]:
+        return self.interface.local_size
+
+    def destroy(self, device: VulkanDevice) -> None:
+        vk, dev = device.vk, device.handle
+        vk.vkDestroyPipeline(dev, self.pipeline, None)
+        vk.vkDestroyPipelineLayout(dev, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
+        vk.vkDestroyShaderModule(dev, self.module, None)
+
+
+# (kernel, buffers, push constants, workgroup counts)
+Dispatch = tuple[Kernel, Sequence[Buffer], bytes, tuple[int, int, int]]
+
+
+class VulkanDevice:
+    """The process-wide Vulkan compute device; obtain it with :meth:`get`."""
+
+    _instance: VulkanDevice | None = None
+    _init_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> VulkanDevice:
+        """The shared device (created on first use). Raises :class:`VulkanUnavailableError` if there is none.
+
+        ``EDGEPORT_VULKAN_DEVICE`` (a substring of the device name) overrides the automatic choice.
+        """
+        with cls._init_lock:
+            if cls._instance is None or cls._instance._closed:
+                cls._instance = cls(enable_validation=os.environ.get("EDGEPORT_VULKAN_VALIDATION") == "1")
+            return cls._instance
+
+    def __init__(self, enable_validation: bool = False) -> None:
+        vk = self.vk = _load_vulkan()
+        self._closed = True
+        self._lock = threading.Lock()
+        self._kernels: dict[tuple[str, tuple[int, ...]], Kernel] = {}
+        self._buffers: set[Buffer] = set()
+        try:
+            instance_version = vk.vkEnumerateInstanceVersion()
+        except Exception:
+            instance_version = vk.VK_MAKE_VERSION(1, 0, 0)
+        api = min(instance_version, vk.VK_MAKE_VERSION(1, 3, 0))
+        if api < vk.VK_MAKE_VERSION(1, 1, 0):
+            raise VulkanUnavailableError(f"Vulkan {_version_str(instance_version)} loader; 1.1 is required")
+        layers = ["VK_LAYER_KHRONOS_validation"] if enable_validation else []
+        try:
+            self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
+                pApplicationInfo=vk.VkApplicationInfo(pApplicationName="edgeport", pEngineName="edgeport",
+                                                      apiVersion=api),
+                enabledLayerCount=len(layers), ppEnabledLayerNames=layers or None), None)
+        except Exception as exc:
+            raise VulkanUnavailableError(f"vkCreateInstance failed: {exc!r}") from exc
+        try:
+            self._select_physical_device(api)
+            self._create_device()
+        except BaseException:
+            vk.vkDestroyInstance(self.instance, None)
+            raise
+        self._closed = False
+
+    def _select_physical_device(self, api: int) -> None:
+        vk = self.vk
+        candidates = []
+        wanted = os.environ.get("EDGEPORT_VULKAN_DEVICE", "").lower()
+        for pd in vk.vkEnumeratePhysicalDevices(self.instance):
+            props = vk.vkGetPhysicalDeviceProperties(pd)
+            if props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
+                continue
+            families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+            queue = next((i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None)
+            name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) \
+                else props.deviceName
+            if queue is None or (wanted and wanted not in name.lower()):
+                continue
+            candidates.append((_DEVICE_TYPE_RANK.get(props.deviceType, 9), len(candidates), pd, props, queue, name))
+        if not candidates:
+            raise VulkanUnavailableError("no compute-capable Vulkan 1.1 physical device"
+                                         + (f" matching EDGEPORT_VULKAN_DEVICE={wanted!r}" if wanted else ""))
+        _, _, pd, props, queue, name = min(candidates, key=lambda c: c[:2])
+        self.physical_device, self.queue_family = pd, queue
+        driver_name = driver_info = ""
+        if api >= vk.VK_MAKE_VERSION(1, 2, 0) and props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):
+            ffi = vk.ffi
+            drv = ffi.new("VkPhysicalDeviceDriverProperties*",
+                          {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES})
+            props2 = ffi.new("VkPhysicalDeviceProperties2*",
+                             {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": drv})
+            vk.lib.vkGetPhysicalDeviceProperties2(pd, props2)
+            driver_name = ffi.string(drv.driverName).decode(errors="replace")
+            driver_info = ffi.string(drv.driverInfo).decode(errors="replace")
+        lim = props.limits
+        self.info = DeviceInfo(
+            name=name, device_type=_DEVICE_TYPE_NAMES.get(props.deviceType, str(props.deviceType)),
+            api_version=_version_str(props.apiVersion), driver_name=driver_name, driver_info=driver_info,
+            vendor_id=props.vendorID, device_id=props.deviceID,
+            max_workgroup_count=tuple(lim.maxComputeWorkGroupCount),
+            max_workgroup_size=tuple(lim.maxComputeWorkGroupSize),
+            max_workgroup_invocations=lim.maxComputeWorkGroupInvocations,
+            max_shared_memory=lim.maxComputeSharedMemorySize,
+            max_push_constants_size=lim.maxPushConstantsSize,
+            max_storage_buffer_range=lim.maxStorageBufferRange,
+        )
+        mem = vk.vkGetPhysicalDeviceMemoryProperties(self.physical_device)
+        self._memory_types = [mem.memoryTypes[i].propertyFlags for i in range(mem.memoryTypeCount)]
+
+    def _create_device(self) -> None:
+        vk = self.vk
+        self.handle = vk.vkCreateDevice(self.physical_device, vk.VkDeviceCreateInfo(
+            queueCreateInfoCount=1,
+            pQueueCreateInfos=[vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
+                                                          pQueuePriorities=[1.0])]), None)
+        self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
+        self._command_pool = vk.vkCreateCommandPool(self.handle, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
+        self._command_buffer = vk.vkAllocateCommandBuffers(self.handle, vk.VkCommandBufferAllocateInfo(
+            commandPool=self._command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        self._descriptor_pool = vk.vkCreateDescriptorPool(self.handle, vk.VkDescriptorPoolCreateInfo(
+            maxSets=MAX_DISPATCHES_PER_SUBMIT, poolSizeCount=1,
+            pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                descriptorCount=MAX_DISPATCHES_PER_SUBMIT * _MAX_BINDINGS)]), None)
+        self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
+
+    def memory_type(self, type_bits: int) -> int:
+        """Index of a host-visible + host-coherent memory type allowed by ``type_bits`` (device-local preferred)."""
+        vk = self.vk
+        need = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        ok = [i for i, f in enumerate(self._memory_types) if type_bits & (1 << i) and (f & need) == need]
+        if not ok:
+            raise VulkanUnavailableError("no host-visible, host-coherent memory type for storage buffers")
+        local = [i for i in ok if self._memory_types[i] & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT]
+        return (local or ok)[0]
+
+    # -- public API ---------------------------------------------------------------------------------------------
+    def buffer(self, nbytes: int) -> Buffer:
+        """A new storage buffer of ``nbytes`` (release it, or use it as a context manager)."""
+        self._check_open()
+        return Buffer(self, nbytes)
+
+    def kernel(self, name: str, spec: Sequence[int] = ()) -> Kernel:
+        """The compute kernel of ``spirv/<name>.spv`` with specialization constants ``spec`` (built once, cached)."""
+        self._check_open()
+        key = (name, tuple(spec))
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            if name not in available_shaders():
+                raise ValueError(f"unknown shader {name!r}; available: {', '.join(available_shaders()) or 'none'}"
+                                 " (was the package built? the build compiles shaders/*.comp with glslc)")
+            code = resources.files(__package__).joinpath("spirv", f"{name}.spv").read_bytes()
+            kernel = self._kernels[key] = Kernel(self, name, code, key[1])
+        return kernel
+
+    def dispatch(self, kernel: Kernel, buffers: Sequence[Buffer], push_constants: bytes = b"",
+                 groups: tuple[int, int, int] = (1, 1, 1)) -> None:
+        """Runs one dispatch and waits for it."""
+        self.submit([(kernel, buffers, push_constants, groups)])
+
+    def submit(self, dispatches: Sequence[Dispatch]) -> None:
+        """Records the dispatches in order (with compute->compute barriers between), submits, and waits."""
+        self._check_open()
+        if not 0 < len(dispatches) <= MAX_DISPATCHES_PER_SUBMIT:
+            raise ValueError(f"1..{MAX_DISPATCHES_PER_SUBMIT} dispatches per submit, got {len(dispatches)}")
+        for d in dispatches:
+            self._validate(*d)
+        vk = self.vk
+        with self._lock:
+            dev, cmd = self.handle, self._command_buffer
+            try:
+                sets = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+                    descriptorPool=self._descriptor_pool, descriptorSetCount=len(dispatches),
+                    pSetLayouts=[k.set_layout for k, *_ in dispatches]))
+                writes = [vk.VkWriteDescriptorSet(
+                    dstSet=sets[n], dstBinding=i, descriptorCount=1,
+                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                    pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.nbytes)])
+                    for n, (_, bufs, _, _) in enumerate(dispatches) for i, b in enumerate(bufs)]
+                vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
+                vk.vkResetCommandBuffer(cmd, 0)
+                vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+                barrier = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                             dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+                for n, (kernel, _, pc, groups) in enumerate(dispatches):
+                    if n:
+                        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                                vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [barrier], 0, None,
+                                                0, None)
+                    vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
+                    vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1,
+                                               [sets[n]], 0, None)
+                    if pc:
+                        vk.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(pc),
+                                              vk.ffi.from_buffer(pc))
+                    vk.vkCmdDispatch(cmd, *groups)
+                host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                          dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
+                vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
+                                        0, 1, [host], 0, None, 0, None)
+                vk.vkEndCommandBuffer(cmd)
+                vk.vkResetFences(dev, 1, [self._fence])
+                vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])],
+                                 self._fence)
+                vk.vkWaitForFences(dev, 1, [self._fence], vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+            finally:
+                vk.vkResetDescriptorPool(dev, self._descriptor_pool, 0)
+
+    def _validate(self, kernel: Kernel, buffers: Sequence[Buffer], pc: bytes, groups: tuple[int, int, int]) -> None:
+        if not isinstance(kernel, Kernel) or self._kernels.get((kernel.name, kernel.spec)) is not kernel:
+            raise ValueError("kernel does not belong to this device (use VulkanDevice.kernel())")
+        if len(buffers) != kernel.bindings:
+            raise ValueError(f"{kernel.name}: {kernel.bindings} buffers expected, got {len(buffers)}")
+        for b in buffers:
+            if not isinstance(b, Buffer) or b.device is not self or not b.alive:
+                raise ValueError(f"{kernel.name}: buffers must be live Buffers of this device")
+        if not isinstance(pc, bytes | bytearray) or len(pc) != kernel.push_constant_size:
+            raise ValueError(f"{kernel.name}: push constants must be {kernel.push_constant_size} bytes, "
+                             f"got {len(pc) if isinstance(pc, bytes | bytearray) else type(pc).__name__}")
+        if len(groups) != 3 or not all(isinstance(g, int) and 0 < g <= m
+                                       for g, m in zip(groups, self.info.max_workgroup_count)):
+            raise ValueError(f"{kernel.name}: workgroup counts {groups!r} outside 1..{self.info.max_workgroup_count}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the Vulkan device was closed")
+
+    def close(self) -> None:
+        """Waits for the device, then destroys every object it owns (idempotent)."""
+        if self._closed:
+            return
+        vk, dev = self.vk, self.handle
+        with self._lock:
+            vk.vkDeviceWaitIdle(dev)
+            for buf in list(self._buffers):
+                buf.release()
+            for kernel in self._kernels.values():
+                kernel.destroy(self)
+            self._kernels.clear()
+            vk.vkDestroyFence(dev, self._fence, None)
+            vk.vkDestroyDescriptorPool(dev, self._descriptor_pool, None)
+            vk.vkDestroyCommandPool(dev, self._command_pool, None)
+            vk.vkDestroyDevice(dev, None)
+            vk.vkDestroyInstance(self.instance, None)
+            self._closed = True
+
+
+def dispatch(kernel: Kernel, buffers: Sequence[Buffer], push_constants: bytes = b"",
+             groups: tuple[int, int, int] = (1, 1, 1)) -> None:
+    """Runs one dispatch on the shared device and waits for it."""
+    VulkanDevice.get().dispatch(kernel, buffers, push_constants, groups)
+
+
+def pack(fmt: str, *values: int | float) -> bytes:
+    """Little-endian push-constant bytes (``struct`` format without the byte-order prefix)."""
+    return struct.pack("<" + fmt, *values)

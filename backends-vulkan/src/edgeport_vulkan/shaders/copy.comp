@@ -1,0 +1,32 @@
+#version 450
+// Strided copy of an N-D region (up to 6-D) with offsets on both sides: the building block of
+// cat (one copy per input), slice (offset + stepped strides) and pad (fill, then copy to the interior).
+//   dst[dst_off + sum(c_d * dst_str[d])] = src[src_off + sum(c_d * src_str[d])], c over `shape`.
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) readonly buffer I { float src[]; };
+layout(std430, set = 0, binding = 1) buffer O { float dst[]; };
+layout(push_constant) uniform P {
+    int n;
+    int ndim;
+    int src_off;
+    int dst_off;
+    int shape[6];
+    int src_str[6];
+    int dst_str[6];
+} p;
+
+void main() {
+    int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
+    for (int i = int(gl_GlobalInvocationID.x); i < p.n; i += stride) {
+        int rem = i;
+        int s = p.src_off;
+        int d = p.dst_off;
+        for (int k = p.ndim - 1; k >= 0; --k) {
+            int c = rem % p.shape[k];
+            rem /= p.shape[k];
+            s += c * p.src_str[k];
+            d += c * p.dst_str[k];
+        }
+        dst[d] = src[s];
+    }
+}

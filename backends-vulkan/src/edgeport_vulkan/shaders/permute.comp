@@ -1,0 +1,25 @@
+#version 450
+// Permute (transpose) up to 6-D: out is contiguous with shape `shape`; in_strides are the input's
+// strides reordered by the permutation, so out[i] = x[sum(coord_d * in_strides[d])].
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) readonly buffer I { float x[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P {
+    int n;
+    int ndim;
+    int shape[6];
+    int in_strides[6];
+} p;
+
+void main() {
+    int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
+    for (int i = int(gl_GlobalInvocationID.x); i < p.n; i += stride) {
+        int rem = i;
+        int src = 0;
+        for (int d = p.ndim - 1; d >= 0; --d) {
+            src += (rem % p.shape[d]) * p.in_strides[d];
+            rem /= p.shape[d];
+        }
+        o[i] = x[src];
+    }
+}

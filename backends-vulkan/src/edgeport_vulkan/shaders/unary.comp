@@ -1,0 +1,56 @@
+#version 450
+// Elementwise unary activations. Specialization constant OP (one pipeline per op): 0 relu, 1 clamp(lo, hi)
+// (relu6, hardtanh), 2 sigmoid, 3 tanh, 4 hardswish, 5 gelu (erf), 6 gelu (tanh approximation), 7 neg,
+// 8 abs, 9 exp, 10 sqrt, 11 silu, 12 leaky_relu(slope = lo).
+layout(local_size_x = 256) in;
+layout(constant_id = 0) const int OP = 0;
+layout(std430, set = 0, binding = 0) readonly buffer I { float x[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P {
+    int n;
+    float lo;
+    float hi;
+} p;
+
+float sigmoid_(float v) {
+    if (v >= 0.0) return 1.0 / (1.0 + exp(-v));
+    float e = exp(v);
+    return e / (1.0 + e);
+}
+
+float tanh_(float v) {
+    float e = exp(-2.0 * abs(v));
+    return sign(v) * (1.0 - e) / (1.0 + e);
+}
+
+// erf with |error| < 1.2e-7 (Numerical Recipes erfc, Chebyshev fit).
+float erf_(float v) {
+    float z = abs(v);
+    float t = 1.0 / (1.0 + 0.5 * z);
+    float r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+              t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+              t * (-0.82215223 + t * 0.17087277)))))))));
+    return v >= 0.0 ? 1.0 - r : r - 1.0;
+}
+
+void main() {
+    int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
+    for (int i = int(gl_GlobalInvocationID.x); i < p.n; i += stride) {
+        float v = x[i];
+        float r;
+        if (OP == 0) r = max(v, 0.0);
+        else if (OP == 1) r = min(max(v, p.lo), p.hi);
+        else if (OP == 2) r = sigmoid_(v);
+        else if (OP == 3) r = tanh_(v);
+        else if (OP == 4) r = v * min(max(v + 3.0, 0.0), 6.0) / 6.0;
+        else if (OP == 5) r = 0.5 * v * (1.0 + erf_(v * 0.70710678118654752));
+        else if (OP == 6) r = 0.5 * v * (1.0 + tanh_(0.79788456080286536 * (v + 0.044715 * v * v * v)));
+        else if (OP == 7) r = -v;
+        else if (OP == 8) r = abs(v);
+        else if (OP == 9) r = exp(v);
+        else if (OP == 10) r = sqrt(v);
+        else if (OP == 11) r = v * sigmoid_(v);
+        else r = v >= 0.0 ? v : v * p.lo;
+        o[i] = r;
+    }
+}
