@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap as _mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,11 +178,24 @@ class Method:
 class Program:
     """A loaded ``.pte`` program (memory-mapped or in memory): its methods and their metadata."""
 
-    def __init__(self, loaded: LoadedPte, source: Any, kernels: Any = None) -> None:
+    def __init__(self, loaded: LoadedPte, source: Any, kernels: Any = None, etdump: Any = None) -> None:
         self._loaded = loaded
         self._source = source  # keeps the mmap / bytes alive while views exist
         self._kernels = kernels
         self._names = [p.name for p in loaded.program.execution_plan]
+        self._etdump = etdump  # an ETDumpRecorder when loaded with enable_etdump=True
+
+    def write_etdump_result_to_file(self, etdump_path: str | os.PathLike, debug_buffer_path: str | os.PathLike |
+                                    None = None) -> None:
+        """Write what this program's methods recorded (``enable_etdump=True``) as an ETDump file (ExecuTorch's
+        name and format). ``debug_buffer_path`` gets the debug buffer: empty, since intermediate values are not
+        recorded yet."""
+        if self._etdump is None:
+            raise RuntimeError("nothing was recorded: load the program with "
+                               "Runtime.get().load_program(..., enable_etdump=True)")
+        self._etdump.write(os.fspath(etdump_path))
+        if debug_buffer_path is not None:
+            Path(debug_buffer_path).write_bytes(b"")
 
     @property
     def method_names(self) -> set[str]:
@@ -231,12 +245,20 @@ class Program:
         """
         from edgeport.registry import kernel_registry
 
+        start = time.perf_counter_ns()
         index = self._plan_index(name)
         options = resolve_backend_options(backend_options, self._backend_ids())
         kernels = self._kernels if self._kernels is not None else kernel_registry()
+        init_start = time.perf_counter_ns()
         plan = MethodPlan(self, index, kernels, allow_fallback=allow_fallback,
                           fold_constants=fold_constants, backend_options=options)
-        return Method(self, plan)
+        method = Method(self, plan)
+        if self._etdump is not None:
+            end = time.perf_counter_ns()
+            self._etdump.loading_event("Method::init", init_start, end)
+            self._etdump.loading_event("Program::load_method", start, end)
+            method._runner.recorder = self._etdump
+        return method
 
     def __repr__(self) -> str:
         return f"<edgeport Program methods={sorted(self._names)}>"
@@ -291,12 +313,18 @@ class Runtime:
         return [b.backend_id for b in list_backends()]
 
     def load_program(self, data: ProgramSource, *, mmap: bool = True, verification: bool = True,
-                     data_path: ProgramSource | Sequence[ProgramSource] | None = None) -> Program:
+                     data_path: ProgramSource | Sequence[ProgramSource] | None = None,
+                     enable_etdump: bool = False, debug_buffer_size: int = 0) -> Program:
         """Load a program from a path (memory-mapped by default: constants stay zero-copy views of the file),
         bytes-like data or a binary file object. Every defect raises ``ProgramError``.
 
         ``data_path``: the ``.ptd`` data file(s) holding what the program stores outside itself (constants written
-        with ``external_constants``, backends' external named data) — a path, bytes, or a list of them."""
+        with ``external_constants``, backends' external named data) — a path, bytes, or a list of them.
+
+        ``enable_etdump`` (ExecuTorch's name): every method of the program records a profiling event per kernel
+        and delegate call of each execution; ``program.write_etdump_result_to_file(path)`` writes them as ETDump.
+        ``debug_buffer_size`` is accepted for ExecuTorch compatibility (intermediate values are not recorded yet).
+        """
         source = _read_source(data, mmap, "program")
         loaded = load_pte(source)
         if data_path is not None:
@@ -310,7 +338,12 @@ class Runtime:
             loaded.external = ExternalData(files)
         if verification:
             verify_program(loaded.program)
-        return Program(loaded, source, self._kernels)
+        recorder = None
+        if enable_etdump:
+            from edgeport.devtools.etdump import ETDumpRecorder
+
+            recorder = ETDumpRecorder()
+        return Program(loaded, source, self._kernels, etdump=recorder)
 
 
 class LoadedProgram:

@@ -13,6 +13,7 @@ and its runs take turns under a lock, so the state carries from run to run as in
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -36,6 +37,9 @@ _clock = time.perf_counter
 _ndarray = np.ndarray
 
 
+_LABEL = re.compile(r"chains\[\d+\]\.instructions\[(\d+)\](?: \((.*)\))?$")
+
+
 class MethodRunner:
     """Runs a :class:`~edgeport.runtime._method.MethodPlan`; a pool of execution contexts makes concurrent runs
     safe. With ``time_ops`` set, each run adds its per-op wall time to the plan's profile."""
@@ -50,6 +54,9 @@ class MethodRunner:
         except RuntimeExecutionError as exc:
             raise ProgramError(str(exc)) from exc
         self.time_ops = False
+        #: an ``edgeport.devtools.etdump.ETDumpRecorder`` when the program was loaded with ``enable_etdump=True``
+        self.recorder: Any = None
+        self._trace_names: list[list[tuple[int, str | None]]] | None = None
         #: output slots; ``_one_output`` is the slot of a method's only output, else -1
         self._outputs = tuple(plan.output_indices)
         self._one_output = self._outputs[0] if len(self._outputs) == 1 else -1
@@ -92,7 +99,7 @@ class MethodRunner:
                 for bind, x in zip(binders, inputs):
                     bind(vals, x)
             fast = self._fast
-            if fast is not None and not self.time_ops:
+            if fast is not None and not self.time_ops and self.recorder is None:
                 try:
                     fast(vals)
                 except Exception as exc:
@@ -119,6 +126,9 @@ class MethodRunner:
         return outs
 
     def _run_chains(self, plan: MethodPlan, vals: list) -> None:
+        if self.recorder is not None:
+            self._run_traced(plan, vals)
+            return
         for ops, has_jump, labels in plan.chains:
             if self.time_ops and not has_jump:
                 self._run_timed(ops, labels, vals)
@@ -153,6 +163,47 @@ class MethodRunner:
                 calls[key] = calls.get(key, 0) + 1
         except Exception as exc:
             raise self._wrap(exc, labels, i) from exc
+
+    def _trace_plan(self, plan: MethodPlan) -> list[list[tuple[int, str | None]]]:
+        """Per chain, per op: its instruction index and the event name (``None``: no event of its own)."""
+        if self._trace_names is None:
+            names = []
+            for _ops, _, labels in plan.chains:
+                per_op = []
+                for label in labels:
+                    m = _LABEL.match(label)
+                    instr, what = (int(m.group(1)), m.group(2)) if m else (-1, None)
+                    if what is None or what in ("move", "free", "jump_false"):
+                        per_op.append((instr, None))
+                    elif what.startswith("delegate "):
+                        per_op.append((instr, "DELEGATE_CALL"))
+                    else:
+                        per_op.append((instr, what.split("::", 1)[-1]))
+                names.append(per_op)
+            self._trace_names = names
+        return self._trace_names
+
+    def _run_traced(self, plan: MethodPlan, vals: list) -> None:
+        """Run every chain, recording one ETDump profiling event per kernel or delegate call (nanoseconds)."""
+        events: list[tuple[str, int, int, int, int]] = []
+        clock = time.perf_counter_ns
+        for ci, ((ops, has_jump, labels), names) in enumerate(zip(plan.chains, self._trace_plan(plan), strict=True)):
+            if has_jump:  # control flow: run it, without per-instruction events
+                self._run_with_jumps(ops, labels, vals)
+                continue
+            i = -1
+            try:
+                for i, (fn, get, post) in enumerate(ops):
+                    t = clock()
+                    r = fn(*get(vals))
+                    if post is not None:
+                        post(vals, r)
+                    instr, name = names[i]
+                    if name is not None:
+                        events.append((name, ci, instr, t, clock()))
+            except Exception as exc:
+                raise self._wrap(exc, labels, i) from exc
+        self.recorder.execution(events)
 
     def _run_with_jumps(self, ops: list[tuple], labels: list[str], vals: list) -> None:
         pc = 0

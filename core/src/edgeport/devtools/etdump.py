@@ -1,0 +1,253 @@
+"""ETDump (``.etdp``): what edgeport's runtime recorded while running a program, in ExecuTorch's format.
+
+``Runtime.load_program(..., enable_etdump=True)`` (ExecuTorch's name) makes every method of the program record,
+per execution, one profiling event per instruction: a kernel call as ``native_call_<op>.<overload>`` inside an
+``OPERATOR_CALL``, a delegate call as ``DELEGATE_CALL``, with the chain and instruction index and start / end
+times in nanoseconds (ExecuTorch's runtime uses the same tick on Linux); loading records ``Program::load_method``
+and ``Method::init`` in a ``Default`` block. ``Program.write_etdump_result_to_file(path)`` writes them as a
+size-prefixed ETDump flatbuffer that ExecuTorch's devtools (``deserialize_from_etdump_flatcc``, the Inspector)
+read; :func:`load_etdump` reads one (edgeport's or ExecuTorch's). Off by default; when off the runtime does no
+work for it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import types
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from edgeport.errors import ProgramError
+from edgeport.program import schema as S
+from edgeport.program.flatbuffer_writer import _Writer
+from edgeport.program.layout import Layout, build_layout, read_schema_text
+from edgeport.program.reader import _byte_view, _Decoder
+
+__all__ = ["ETDUMP_VERSION", "ETDump", "ETDumpRecorder", "Event", "ProfileEvent", "RunData", "load_etdump",
+           "serialize_etdump"]
+
+ETDUMP_VERSION = 0  # what ExecuTorch 1.5.1 writes
+FILE_IDENTIFIER = b"ED00"
+
+
+class ValueType(IntEnum):
+    Null = 0
+    Int = 1
+    Bool = 2
+    Float = 3
+    Double = 4
+    Tensor = 5
+    TensorList = 6
+    String = 7
+
+
+# --------------------------------------------------------------------------------------------- wire tables
+@dataclass
+class Null:
+    pass
+
+
+@dataclass
+class Tensor:
+    scalar_type: S.ScalarType = S.ScalarType.FLOAT
+    sizes: list[int] = field(default_factory=list)
+    strides: list[int] = field(default_factory=list)
+    offset: int = 0
+
+
+@dataclass
+class Int:
+    int_val: int = 0
+
+
+@dataclass
+class Bool:
+    bool_val: bool = False
+
+
+@dataclass
+class Float:
+    float_val: float = 0.0
+
+
+@dataclass
+class Double:
+    double_val: float = 0.0
+
+
+@dataclass
+class String:
+    string_val: str = ""
+
+
+@dataclass
+class TensorList:
+    tensors: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class Value:
+    val: ValueType = ValueType.Null
+    tensor: Tensor | None = None
+    tensor_list: TensorList | None = None
+    int_value: Int | None = None
+    float_value: Float | None = None
+    double_value: Double | None = None
+    bool_value: Bool | None = None
+    output: Bool | None = None
+
+
+@dataclass
+class DebugEvent:
+    chain_index: int = 0
+    instruction_id: int = -1
+    debug_entry: Value | None = None
+    delegate_debug_id_int: int = -1
+    delegate_debug_id_str: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class AllocationEvent:
+    allocator_id: int = 0
+    allocation_size: int = 0
+
+
+@dataclass
+class ProfileEvent:
+    name: str | None = None
+    chain_index: int = 0
+    instruction_id: int = -1
+    delegate_debug_id_int: int = -1
+    delegate_debug_id_str: str | None = None
+    delegate_debug_metadata: bytes | None = None
+    start_time: int = 0
+    end_time: int = 0
+
+
+@dataclass
+class Event:
+    profile_event: ProfileEvent | None = None
+    allocation_event: AllocationEvent | None = None
+    debug_event: DebugEvent | None = None
+
+
+@dataclass
+class Allocator:
+    name: str | None = None
+
+
+@dataclass
+class RunData:
+    name: str | None = None
+    bundled_input_index: int = -1
+    allocators: list[Allocator] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class ETDump:
+    version: int = ETDUMP_VERSION
+    run_data: list[RunData] = field(default_factory=list)
+
+
+_CLASSES: dict[str, type] = {
+    "Null": Null, "Tensor": Tensor, "Int": Int, "Bool": Bool, "Float": Float, "Double": Double, "String": String,
+    "TensorList": TensorList, "Value": Value, "DebugEvent": DebugEvent, "AllocationEvent": AllocationEvent,
+    "ProfileEvent": ProfileEvent, "Event": Event, "Allocator": Allocator, "RunData": RunData, "ETDump": ETDump,
+}
+
+
+@lru_cache(maxsize=1)
+def _layout() -> Layout:
+    text = resources.files("edgeport.devtools").joinpath("etdump.fbs").read_text(encoding="utf-8")
+    lay = build_layout([read_schema_text("scalar_type.fbs"), text], _CLASSES,
+                       types.SimpleNamespace(ScalarType=S.ScalarType, ValueType=ValueType))
+    if lay.file_identifier != FILE_IDENTIFIER or lay.root != "ETDump":
+        raise RuntimeError('etdump.fbs must declare file_identifier "ED00" and root_type ETDump')
+    return lay
+
+
+def serialize_etdump(etdump: ETDump) -> bytes:
+    """The size-prefixed ETDump flatbuffer of ``etdump`` (as ExecuTorch's runtime writes it)."""
+    import flatbuffers
+
+    builder = flatbuffers.Builder(4096)
+    root = _Writer(_layout(), 8, 8).packers["ETDump"](builder, etdump)
+    builder.FinishSizePrefixed(root, file_identifier=FILE_IDENTIFIER)
+    return bytes(builder.Output())
+
+
+def load_etdump(data: Any, name: str = "<bytes>") -> ETDump:
+    """Parse and check a size-prefixed ETDump (edgeport's or ExecuTorch's); ``ProgramError`` names the problem."""
+    view = _byte_view(data)
+    n = len(view)
+    if n < 12:
+        raise ProgramError(f"ETDump {name}: {n} bytes, too short")
+    (size,) = struct.unpack_from("<I", view, 0)
+    if size + 4 > n or size < 8:
+        raise ProgramError(f"ETDump {name}: the size prefix says {size} bytes, the file has {n - 4} after it")
+    body = view[4:4 + size]
+    if bytes(body[4:8]) != FILE_IDENTIFIER:
+        raise ProgramError(f"ETDump {name}: file identifier {bytes(body[4:8])!r}, expected {FILE_IDENTIFIER!r}")
+    (root,) = struct.unpack_from("<I", body, 0)
+    if not 8 <= root < size:
+        raise ProgramError(f"ETDump {name}: root table offset {root} is outside the buffer ({size} bytes)")
+    dec = _Decoder(_layout())
+    dec.start(view, 4 + size)  # offsets are relative; alignment counts from the file's first byte (the prefix)
+    try:
+        return dec.table("ETDump", 4 + root, "etdump")
+    except ProgramError as exc:
+        raise ProgramError(f"ETDump {name}: {exc}") from None
+    finally:
+        dec.finish()
+
+
+# --------------------------------------------------------------------------------------------- recording
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+class ETDumpRecorder:
+    """Collects the event blocks of one program's runs (the runtime calls it; users call ``write``)."""
+
+    def __init__(self) -> None:
+        self.run_data: list[RunData] = []
+        self._default: RunData | None = None
+
+    def loading_event(self, name: str, start: int, end: int) -> None:
+        if self._default is None:
+            self._default = RunData(name="Default")
+            self.run_data.append(self._default)
+        self._default.events.append(Event(profile_event=ProfileEvent(name=name, chain_index=-1, instruction_id=0,
+                                                                     start_time=start, end_time=end)))
+
+    def execution(self, events: list[tuple[str, int, int, int, int]]) -> None:
+        """One method execution: ``(name, chain, instruction, start_ns, end_ns)`` per instruction."""
+        block = RunData(name="Execute")
+        for name, chain, instr, start, end in events:
+            if not name.startswith("DELEGATE_CALL"):
+                block.events.append(Event(profile_event=ProfileEvent(
+                    name=f"native_call_{name}", chain_index=chain, instruction_id=instr, start_time=start,
+                    end_time=end)))
+                name = "OPERATOR_CALL"
+            block.events.append(Event(profile_event=ProfileEvent(
+                name=name.split(" ", 1)[0], chain_index=chain, instruction_id=instr, start_time=start,
+                end_time=end)))
+        self.run_data.append(block)
+
+    def etdump(self) -> ETDump:
+        return ETDump(ETDUMP_VERSION, list(self.run_data))
+
+    def write(self, path: str) -> None:
+        import os
+
+        data = serialize_etdump(self.etdump())
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
