@@ -156,7 +156,7 @@ class GraphBuilder:
         out_specs = [self._output_spec(item) for item in outputs]
         if len({spec.name for spec, _ in out_specs}) != len(out_specs):
             raise ValueError(f"node {name!r}: duplicate output names")
-        keep = Keep()
+        keep = self._keep  # everything QNN is handed stays alive with the graph
         scalar_params: list[abi.Param] = []
         tensor_params: list[tuple[str, TensorSpec, np.ndarray]] = []
         for pname, value in (params or {}).items():
@@ -206,9 +206,9 @@ class GraphBuilder:
             for spec, declared in out_specs:
                 if not declared:
                     self._create(spec, abi.TensorType.NATIVE)
-            self._nodes.add(name)
             backend.call(backend._table.graphAddNode, self._handle, op_config(True),
                          what=f"graphAddNode {name!r}", op=op_type)
+            self._nodes.add(name)
         self._available.update(spec.name for spec, _ in out_specs)
 
     # ------------------------------------------------------------------------------------------ finish

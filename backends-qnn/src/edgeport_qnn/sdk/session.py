@@ -198,9 +198,10 @@ class QnnBackend:
         """A new, empty context to build graphs in."""
         return Context._create(self)
 
-    def load_context(self, binary: bytes | bytearray | memoryview) -> Context:
+    def load_context(self, binary: bytes | bytearray | memoryview, *, raw: bool = False,
+                     probe: bool = True) -> Context:
         """A context loaded from a context binary (see :meth:`Context.from_binary`)."""
-        return Context.from_binary(self, binary)
+        return Context.from_binary(self, binary, raw=raw, probe=probe)
 
     def close(self) -> None:
         """Free the device, the backend and the log handle (and any context still open). Idempotent."""
@@ -287,6 +288,7 @@ class Context:
         self.graphs: dict[str, Graph] = {}
         self._builders: list[Any] = []
         self._keep = Keep()
+        self._loaded_from: C.Array | None = None
 
     @classmethod
     def _create(cls, backend: QnnBackend) -> Context:
@@ -298,12 +300,18 @@ class Context:
             return cls(backend, out.value)
 
     @classmethod
-    def from_binary(cls, backend: QnnBackend, binary: bytes | bytearray | memoryview) -> Context:
-        """Load a context binary (as written by :meth:`context_binary`) and retrieve its graphs. The binary is
-        first described by QNN's system library; anything it or the backend rejects raises :class:`QnnError`."""
+    def from_binary(cls, backend: QnnBackend, binary: bytes | bytearray | memoryview, *, raw: bool = False,
+                    probe: bool = True) -> Context:
+        """Load a context binary and retrieve its graphs (``context.graphs``).
+
+        By default ``binary`` is edgeport's sealed form (:meth:`context_binary`): its size and SHA-256 are checked
+        before QNN sees a byte. With ``raw=True`` it is QNN's own format (:meth:`raw_context_binary`, or from
+        Qualcomm's tools); since QNN's parsers can crash on corrupted input, such bytes are first loaded and run
+        once in a child process (``probe=False`` skips that, for bytes you trust). Corrupted, truncated or foreign
+        binaries raise :class:`QnnError` (``ValueError``/``TypeError`` for empty or non-bytes input)."""
         from edgeport_qnn.sdk.binary import load_context
 
-        return load_context(cls, backend, binary)
+        return load_context(cls, backend, binary, raw=raw, probe=probe)
 
     @property
     def closed(self) -> bool:
@@ -338,10 +346,19 @@ class Context:
             raise ValueError(f"no graph {name!r} in this context; graphs: {sorted(self.graphs)}") from None
 
     def context_binary(self) -> bytes:
-        """Serialize the context (all its graphs must be finalized): QNN's ahead-of-time artefact."""
+        """The context (all graphs finalized) as edgeport's sealed context binary: QNN's ahead-of-time artefact
+        behind a header carrying its size and SHA-256, so that corruption is caught before QNN parses it."""
+        from edgeport_qnn.sdk.binary import seal
+
+        return seal(self.raw_context_binary())
+
+    def raw_context_binary(self) -> bytes:
+        """The context serialized in QNN's own format (what Qualcomm's tools load)."""
         backend = self.backend
         with backend._lock:
             self._require_open()
+            if self._loaded_from is not None:  # QNN cannot re-serialize a deserialized context
+                return bytes(self._loaded_from)
             pending = [b.name for b in self._builders if not b.finalized]
             if pending:
                 raise QnnError(f"cannot serialize the context: graphs {pending} are not finalized")

@@ -50,6 +50,11 @@ class QuantParams:
     axis: int | None = None
 
     def __post_init__(self) -> None:
+        # QNN stores float32 scales: keep exactly what QNN will hold, so specs compare equal after a round trip
+        rounded = tuple(float(np.float32(s)) for s in np.atleast_1d(np.asarray(self.scale, dtype=np.float64)))
+        object.__setattr__(self, "scale", rounded[0] if self.axis is None and len(rounded) == 1 else rounded)
+        if self.axis is not None:
+            object.__setattr__(self, "zero_point", tuple(int(z) for z in np.atleast_1d(self.zero_point)))
         scales = self.scales
         zero_points = self.zero_points
         if self.axis is None and (len(scales) != 1 or len(zero_points) != 1):
