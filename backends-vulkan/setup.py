@@ -1,7 +1,7 @@
 """Compiles the GLSL compute shaders to SPIR-V when the package is built (wheel or editable install).
 
-``src/edgeport_vulkan/shaders/*.comp`` -> ``src/edgeport_vulkan/spirv/*.spv`` with ``glslc`` (Debian package
-``glslc``), each validated with ``spirv-val`` (package ``spirv-tools``); the .spv files are package data. Nothing is
+``src/edgeport_vulkan/shaders/<name>.comp`` -> ``src/edgeport_vulkan/spirv/<name>.spv`` (fp32 storage) and
+``<name>_fp16.spv`` (``-DFP16``: fp16 storage, fp32 arithmetic) with ``glslc`` (Debian package ``glslc``), each validated with ``spirv-val`` (package ``spirv-tools``); the .spv files are package data. Nothing is
 compiled at import time. A .spv newer than its .comp is kept as is.
 """
 
@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent
 SHADERS = ROOT / "src" / "edgeport_vulkan" / "shaders"
 SPIRV = ROOT / "src" / "edgeport_vulkan" / "spirv"
 TARGET_ENV = "vulkan1.1"
+VARIANTS = {"": [], "_fp16": ["-DFP16"]}  # .spv name suffix -> extra glslc flags
 
 
 def _tool(name: str, apt_package: str) -> str:
@@ -37,11 +38,11 @@ def compile_shaders() -> list[Path]:
     spirv_val = _tool("spirv-val", "spirv-tools")
     SPIRV.mkdir(exist_ok=True)
     outputs = []
-    for src in sources:
-        out = SPIRV / (src.stem + ".spv")
+    for src, (suffix, flags) in ((s, v) for s in sources for v in VARIANTS.items()):
+        out = SPIRV / (src.stem + suffix + ".spv")
         if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
             tmp = out.with_suffix(".spv.tmp")
-            for cmd in ([glslc, "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror",
+            for cmd in ([glslc, "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror", *flags,
                          "-o", str(tmp), str(src)],
                         [spirv_val, "--target-env", TARGET_ENV, str(tmp)]):
                 proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import sys
 from importlib import resources
@@ -20,17 +21,24 @@ EXPECTED = {  # shader -> (bindings, push-constant bytes)
 }
 
 
+VARIANTS = [f"{name}{suffix}" for name in sorted(EXPECTED) for suffix in ("", "_fp16")]
+
+
 def test_every_shader_is_compiled():
     assert SOURCES == sorted(EXPECTED)
-    for name in SOURCES:
-        assert PKG.joinpath("spirv", f"{name}.spv").is_file(), f"{name}.spv missing: rebuild (pip install -e)"
+    built = sorted(p.name[:-4] for p in PKG.joinpath("spirv").iterdir() if p.name.endswith(".spv"))
+    assert built == sorted(VARIANTS), "stale or missing .spv files: rebuild (pip install -e ./backends-vulkan)"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", VARIANTS)
 def test_spirv_valid_and_interface(name):
     code = PKG.joinpath("spirv", f"{name}.spv").read_bytes()
     iface = reflect(code)
-    assert (iface.bindings, iface.push_constant_size) == EXPECTED[name]
+    assert (iface.bindings, iface.push_constant_size) == EXPECTED[name.removesuffix("_fp16")]
+    words = struct.unpack(f"<{len(code) // 4}I", code)
+    capabilities = {words[i + 1] for i in range(5, len(words) - 1) if words[i] == (2 << 16) | 17}  # OpCapability
+    # Shader (+ StorageBuffer16BitAccess for fp16 storage); never Float16 arithmetic (a separate device feature)
+    assert capabilities == ({1, 4433} if name.endswith("_fp16") else {1})
     assert iface.push_constant_size <= 128  # the minimum maxPushConstantsSize every device guarantees
     if shutil.which("spirv-val") is None:
         pytest.skip("spirv-val not installed (apt-get install spirv-tools)")

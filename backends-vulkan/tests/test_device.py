@@ -65,3 +65,24 @@ def test_dispatch_validation(device):
         device.dispatch(kernel, [buf], pc, (1, 1, 1))
     with pytest.raises(ValueError, match="unknown shader"):
         device.kernel("nope")
+
+
+def test_kernels_cached_per_specialization(device):
+    relu, relu2, sig = device.kernel("unary", (0,)), device.kernel("unary", [0]), device.kernel("unary", (2,))
+    assert relu is relu2 and relu is not sig and relu.spec == (0,)
+    assert device.kernel("binary").interface.spec_constants == (0, 1)
+    with pytest.raises(ValueError, match="specialization"):
+        device.kernel("fill", (1,))
+
+
+def test_quiet_without_xdg_runtime_dir():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    code = ("import numpy as np; from edgeport_vulkan import run_op; "
+            "assert (run_op('relu', [np.array([-1.0, 2.0], np.float32)]) == [0, 2]).all()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""

@@ -37,6 +37,11 @@ def test_binary_broadcast(op, ref, sa, sb):
     close(run_op(op, [a, b]), ref(a, b))
 
 
+def test_pow():
+    a, b = np.abs(rand(3, 4)) + 0.1, rand(4)
+    close(run_op("pow", [a, b]), np.power(a, b), rtol=1e-5, atol=1e-5)
+
+
 UNARY = {
     "relu": (F.relu, {}), "relu6": (F.relu6, {}), "sigmoid": (torch.sigmoid, {}), "tanh": (torch.tanh, {}),
     "hardswish": (F.hardswish, {}), "gelu": (F.gelu, {}), "silu": (F.silu, {}), "neg": (torch.neg, {}),
@@ -82,6 +87,9 @@ def test_bmm_and_linear():
     (1, 6, 8, 8, 6, 3, 1, 2, 2, 6, True),      # depthwise, dilated
     (1, 3, 7, 9, 4, (1, 3), (2, 1), (0, 1), 1, 1, True),
     (1, 2, 5, 5, 3, 1, 1, 0, 1, 1, True),      # pointwise
+    (2, 4, 6, 7, 16, 3, 1, 1, 1, 1, True),     # 8 output channels per invocation
+    (1, 4, 6, 6, 4, 3, 2, 1, 1, 2, True),      # 2 per invocation (grouped)
+    (1, 8, 7, 5, 24, (3, 2), 1, (1, 0), (2, 1), 4, False),
 ])
 def test_conv2d(n, c, h, w, oc, k, stride, padding, dilation, groups, bias):
     kh, kw = (k, k) if isinstance(k, int) else k
@@ -232,3 +240,64 @@ def test_oversized_input_rejected(device):
 def test_ops_registry():
     assert {"add", "conv2d", "linear", "matmul", "bmm", "max_pool2d", "avg_pool2d", "mean", "softmax",
             "layer_norm", "permute", "cat", "slice", "pad", "gelu", "hardswish"} <= set(OPS)
+
+
+def test_many_rows_beyond_one_grid_dimension():
+    x = rand(70000, 3)
+    close(run_op("mean", [x]), x.mean(-1), rtol=1e-4, atol=1e-5)
+    close(run_op("softmax", [x]), F.softmax(T(x), -1), rtol=1e-4, atol=1e-6)
+
+
+def test_linear_1d_input_and_big_batch_matmul():
+    x, w, b = rand(33), rand(5, 33), rand(5)
+    close(run_op("linear", [x, w, b]), F.linear(T(x), T(w), T(b)), atol=1e-4)
+    a, bb = rand(70, 3, 2), rand(2, 4)
+    close(run_op("matmul", [a, bb]), a @ bb, atol=1e-5)
+
+
+def test_no_buffer_leaks(device):
+    before = len(device._buffers)
+    run_op("pad", [rand(2, 3)], pad=(1, 1))
+    run_op("cat", [rand(2, 3), rand(2, 3)], dim=0)
+    with pytest.raises(ValueError):
+        run_op("conv2d", [rand(1, 3, 5, 5), rand(4, 3, 3, 3)], stride=0)
+    assert len(device._buffers) == before
+
+
+FP16_CASES = {
+    "add": ([(3, 1, 5), (4, 1)], {}, lambda a, b: a + b),
+    "gelu": ([(4, 33)], {}, lambda x: F.gelu(T(x))),
+    "hardswish": ([(4, 33)], {}, lambda x: F.hardswish(T(x))),
+    "matmul": ([(2, 17, 33), (2, 33, 19)], {}, lambda a, b: a @ b),
+    "linear": ([(5, 33), (7, 33), (7,)], {}, lambda x, w, b: F.linear(T(x), T(w), T(b))),
+    "conv2d": ([(1, 4, 9, 9), (6, 2, 3, 3), (6,)], {"padding": 1, "groups": 2},
+               lambda x, w, b: F.conv2d(T(x), T(w), T(b), padding=1, groups=2)),
+    "max_pool2d": ([(1, 3, 9, 9)], {"kernel_size": 3, "stride": 2, "padding": 1},
+                   lambda x: F.max_pool2d(T(x), 3, 2, 1)),
+    "avg_pool2d": ([(1, 3, 9, 9)], {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+                   lambda x: F.avg_pool2d(T(x), 3, 2, ceil_mode=True)),
+    "mean": ([(3, 130)], {}, lambda x: x.mean(-1)),
+    "softmax": ([(3, 130)], {}, lambda x: F.softmax(T(x), -1)),
+    "layer_norm": ([(3, 130), (130,), (130,)], {}, lambda x, w, b: F.layer_norm(T(x), (130,), T(w), T(b))),
+    "permute": ([(2, 3, 5)], {"dims": (2, 0, 1)}, lambda x: np.transpose(x, (2, 0, 1))),
+    "cat": ([(2, 3), (2, 5)], {"dim": 1}, lambda a, b: np.concatenate([a, b], 1)),
+    "pad": ([(2, 3)], {"pad": (1, 2), "value": 0.5}, lambda x: F.pad(T(x), (1, 2), value=0.5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FP16_CASES))
+def test_force_fp16(device, name):
+    if not device.info.fp16_storage:
+        pytest.skip(f"{device.info.name} has no 16-bit storage buffers")
+    shapes, attrs, ref = FP16_CASES[name]
+    xs = [rand(*s).astype(np.float16).astype(np.float32) for s in shapes]  # exactly representable in fp16
+    got = run_op(name, xs, force_fp16=True, **attrs)
+    want = ref(*xs)
+    want = want.detach().numpy() if isinstance(want, torch.Tensor) else want
+    # only the stored result is rounded to fp16 (2**-11 relative); arithmetic is fp32
+    close(got, want.astype(np.float16).astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_force_fp16_must_be_bool():
+    with pytest.raises(ValueError, match="force_fp16"):
+        run_op("relu", [rand(3)], force_fp16=1)

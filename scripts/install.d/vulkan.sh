@@ -11,11 +11,14 @@ if [ -n "$vulkan_apt" ]; then
   $SUDO apt-get install -y -q $vulkan_apt
 fi
 unset vulkan_apt
-# Re-installing also recompiles changed shaders (setup.py only rebuilds a .spv older than its .comp).
-if ! "$VENV/bin/python" -c "import edgeport_vulkan, vulkan" >/dev/null 2>&1 \
-   || [ -n "$(find backends-vulkan/src/edgeport_vulkan/shaders -name '*.comp' \
-                -newer backends-vulkan/src/edgeport_vulkan/spirv/fill.spv 2>/dev/null)" ] \
-   || [ ! -f backends-vulkan/src/edgeport_vulkan/spirv/fill.spv ]; then
+# Re-installing also recompiles changed shaders (setup.py rebuilds each .spv older than its .comp).
+vulkan_stale=""
+for comp in backends-vulkan/src/edgeport_vulkan/shaders/*.comp; do
+  spv="backends-vulkan/src/edgeport_vulkan/spirv/$(basename "${comp%.comp}")"
+  { [ "$spv.spv" -nt "$comp" ] && [ "${spv}_fp16.spv" -nt "$comp" ]; } || vulkan_stale=1
+done
+if [ -n "$vulkan_stale" ] || ! "$VENV/bin/python" -c "import edgeport_vulkan, vulkan" >/dev/null 2>&1; then
   $PIP install -e ./backends-vulkan
 fi
+unset vulkan_stale comp spv
 "$VENV/bin/pip" check

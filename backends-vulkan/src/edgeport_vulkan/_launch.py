@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from .device import Buffer, VulkanDevice, pack
 
 MAX_DIMS = 6
 INT32_MAX = 2**31 - 1
+# Set by run_op(force_fp16=True): tensors live in fp16 on the device (the *_fp16 kernels), results come back fp32.
+FP16_STORAGE: ContextVar[bool] = ContextVar("edgeport_vulkan_fp16_storage", default=False)
 
 
 def check_inputs(inputs: list[Any], name: str, n_min: int, n_max: int | None = None) -> list[Any]:
@@ -113,21 +116,30 @@ def pad6(values: Sequence[int], fill: int = 1) -> list[int]:
 
 
 class Launch:
-    """Buffers and dispatches of one op; :meth:`run` submits them as one command buffer, then frees the buffers."""
+    """Buffers and dispatches of one op; :meth:`run` submits them as one command buffer, then frees the buffers.
+
+    Under ``FP16_STORAGE`` buffers hold float16 (converted on upload / download) and kernels are the ``*_fp16``
+    builds of the same shaders.
+    """
 
     def __init__(self) -> None:
         self.device = VulkanDevice.get()
+        self.fp16 = FP16_STORAGE.get()
+        self.dtype = np.dtype(np.float16 if self.fp16 else np.float32)
         self._buffers: list[Buffer] = []
         self._dispatches: list[tuple[Any, list[Buffer], bytes, tuple[int, int, int]]] = []
 
     def upload(self, x: np.ndarray) -> Buffer:
         buf = self.alloc(x.size)
         if x.size:
+            if self.fp16:
+                with np.errstate(over="ignore"):  # beyond fp16's range -> inf, as on the device
+                    x = x.astype(np.float16)
             buf.write(x)
         return buf
 
     def alloc(self, numel: int) -> Buffer:
-        buf = self.device.buffer(max(numel, 1) * 4)
+        buf = self.device.buffer(-(-max(numel, 1) * self.dtype.itemsize // 4) * 4)
         self._buffers.append(buf)
         return buf
 
@@ -136,7 +148,8 @@ class Launch:
 
     def add(self, shader: str, buffers: list[Buffer], fmt: str, values: Sequence[int | float],
             groups: tuple[int, int, int], spec: Sequence[int] = ()) -> None:
-        self._dispatches.append((self.device.kernel(shader, spec), buffers, pack(fmt, *values), groups))
+        kernel = self.device.kernel(shader + "_fp16" if self.fp16 else shader, spec)
+        self._dispatches.append((kernel, buffers, pack(fmt, *values), groups))
 
     def groups_1d(self, n: int, local: int) -> tuple[int, int, int]:
         """A 1-D grid for a grid-stride loop over ``n`` items."""
@@ -146,7 +159,7 @@ class Launch:
         try:
             if self._dispatches:
                 self.device.submit(self._dispatches)
-            return out.read(shape)
+            return out.read(shape, self.dtype).astype(np.float32, copy=False)
         finally:
             self.release()
 

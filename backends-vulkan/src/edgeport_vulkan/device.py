@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import numpy as np
-
-from .spirv import ShaderInterface, reflect
+from .objects import MAX_BINDINGS, Buffer, Kernel
 
 __all__ = [
     "Buffer", "DeviceInfo", "Kernel", "VulkanDevice", "VulkanUnavailableError", "available_shaders", "dispatch",
@@ -27,7 +25,6 @@ __all__ = [
 
 # Dispatches recorded into one command buffer at most (the descriptor pool is sized for it).
 MAX_DISPATCHES_PER_SUBMIT = 256
-_MAX_BINDINGS = 8
 _FENCE_TIMEOUT_NS = 120 * 1_000_000_000
 _DEVICE_TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
 _DEVICE_TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}  # discrete GPU first, lavapipe (cpu) as a fallback
@@ -78,144 +75,7 @@ class DeviceInfo:
     max_shared_memory: int
     max_push_constants_size: int
     max_storage_buffer_range: int
-
-
-class Buffer:
-    """A storage buffer in host-visible, host-coherent memory, persistently mapped."""
-
-    def __init__(self, device: VulkanDevice, nbytes: int) -> None:
-        if not isinstance(nbytes, int) or nbytes <= 0:
-            raise ValueError(f"buffer size must be a positive int, got {nbytes!r}")
-        if nbytes > device.info.max_storage_buffer_range:
-            raise ValueError(f"buffer of {nbytes} bytes exceeds the device's maxStorageBufferRange "
-                             f"({device.info.max_storage_buffer_range})")
-        vk = device.vk
-        self.device = device
-        self.nbytes = nbytes
-        self.handle = vk.vkCreateBuffer(device.handle, vk.VkBufferCreateInfo(
-            size=nbytes, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
-            sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
-        req = vk.vkGetBufferMemoryRequirements(device.handle, self.handle)
-        try:
-            self.memory = vk.vkAllocateMemory(device.handle, vk.VkMemoryAllocateInfo(
-                allocationSize=req.size, memoryTypeIndex=device.memory_type(req.memoryTypeBits)), None)
-        except Exception:
-            vk.vkDestroyBuffer(device.handle, self.handle, None)
-            raise
-        vk.vkBindBufferMemory(device.handle, self.handle, self.memory, 0)
-        self._mapped = vk.vkMapMemory(device.handle, self.memory, 0, nbytes, 0)
-        self._bytes = np.frombuffer(self._mapped, dtype=np.uint8, count=nbytes)
-        device._buffers.add(self)
-
-    @property
-    def alive(self) -> bool:
-        return self._bytes is not None
-
-    def view(self, dtype: Any = np.float32) -> np.ndarray:
-        """The mapped memory as a flat numpy array (valid until :meth:`release`)."""
-        if self._bytes is None:
-            raise ValueError("buffer was released")
-        return self._bytes.view(dtype)
-
-    def write(self, array: np.ndarray, offset: int = 0) -> None:
-        """Copies a C-contiguous array into the buffer at byte ``offset``."""
-        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            raise ValueError("write() needs a C-contiguous numpy array")
-        if offset < 0 or offset + array.nbytes > self.nbytes:
-            raise ValueError(f"write of {array.nbytes} bytes at offset {offset} overflows a {self.nbytes}-byte buffer")
-        self.view(np.uint8)[offset:offset + array.nbytes] = array.reshape(-1).view(np.uint8)
-
-    def read(self, shape: Sequence[int], dtype: Any = np.float32) -> np.ndarray:
-        """A copy of the buffer's leading bytes as an array of ``shape``."""
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        if count * dtype.itemsize > self.nbytes:
-            raise ValueError(f"read of {count} x {dtype} overflows a {self.nbytes}-byte buffer")
-        return self.view(dtype)[:count].reshape(tuple(shape)).copy()
-
-    def release(self) -> None:
-        """Unmaps and frees the buffer (idempotent)."""
-        if self._bytes is None:
-            return
-        vk, dev = self.device.vk, self.device.handle
-        self._bytes = None
-        self._mapped = None
-        vk.vkUnmapMemory(dev, self.memory)
-        vk.vkDestroyBuffer(dev, self.handle, None)
-        vk.vkFreeMemory(dev, self.memory, None)
-        self.device._buffers.discard(self)
-
-    def __enter__(self) -> Buffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class Kernel:
-    """A compute pipeline built from ``spirv/<name>.spv``; its layout is reflected from the SPIR-V itself.
-
-    ``spec`` gives the shader's int specialization constants in constant_id order (baked into the pipeline:
-    op codes and ranks, so drivers compile away the branches); missing trailing ones keep their defaults.
-    """
-
-    def __init__(self, device: VulkanDevice, name: str, code: bytes, spec: tuple[int, ...] = ()) -> None:
-        vk = device.vk
-        self.name = name
-        self.spec = spec
-        self.interface: ShaderInterface = reflect(code)
-        ids = self.interface.spec_constants
-        if len(spec) > len(ids) or not all(isinstance(v, int) and -2**31 <= v < 2**31 for v in spec):
-            raise ValueError(f"shader {name!r} takes {len(ids)} int specialization constants, got {spec!r}")
-        if self.interface.bindings > _MAX_BINDINGS:
-            raise ValueError(f"shader {name!r} uses {self.interface.bindings} bindings (max {_MAX_BINDINGS})")
-        if self.interface.push_constant_size > device.info.max_push_constants_size:
-            raise ValueError(f"shader {name!r} needs {self.interface.push_constant_size} bytes of push constants")
-        dev = device.handle
-        self.module = vk.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
-        self.set_layout = vk.vkCreateDescriptorSetLayout(dev, vk.VkDescriptorSetLayoutCreateInfo(
-            bindingCount=self.interface.bindings,
-            pBindings=[vk.VkDescriptorSetLayoutBinding(
-                binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
-                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(self.interface.bindings)]), None)
-        ranges = []
-        if self.interface.push_constant_size:
-            ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
-                                             size=self.interface.push_constant_size)]
-        self.layout = vk.vkCreatePipelineLayout(dev, vk.VkPipelineLayoutCreateInfo(
-            setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=len(ranges),
-            pPushConstantRanges=ranges or None), None)
-        spec_info = None
-        if spec:
-            self._spec_data = struct.pack(f"<{len(spec)}i", *spec)  # must outlive pipeline creation
-            spec_info = vk.VkSpecializationInfo(
-                mapEntryCount=len(spec),
-                pMapEntries=[vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
-                             for i, cid in enumerate(ids[:len(spec)])],
-                dataSize=len(self._spec_data), pData=vk.ffi.from_buffer(self._spec_data))
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
-                                                   pName="main", pSpecializationInfo=spec_info)
-        self.pipeline = vk.vkCreateComputePipelines(
-            dev, None, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
-
-    @property
-    def bindings(self) -> int:
-        return self.interface.bindings
-
-    @property
-    def push_constant_size(self) -> int:
-        return self.interface.push_constant_size
-
-    @property
-    def local_size(self) -> tuple[int, int, int]:
-        return self.interface.local_size
-
-    def destroy(self, device: VulkanDevice) -> None:
-        vk, dev = device.vk, device.handle
-        vk.vkDestroyPipeline(dev, self.pipeline, None)
-        vk.vkDestroyPipelineLayout(dev, self.layout, None)
-        vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
-        vk.vkDestroyShaderModule(dev, self.module, None)
+    fp16_storage: bool = False  # storageBuffer16BitAccess (enabled when present): the *_fp16 kernels run
 
 
 # (kernel, buffers, push constants, workgroup counts)
@@ -242,7 +102,7 @@ class VulkanDevice:
     def __init__(self, enable_validation: bool = False) -> None:
         vk = self.vk = _load_vulkan()
         self._closed = True
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._kernels: dict[tuple[str, tuple[int, ...]], Kernel] = {}
         self._buffers: set[Buffer] = set()
         try:
@@ -288,9 +148,9 @@ class VulkanDevice:
                                          + (f" matching EDGEPORT_VULKAN_DEVICE={wanted!r}" if wanted else ""))
         _, _, pd, props, queue, name = min(candidates, key=lambda c: c[:2])
         self.physical_device, self.queue_family = pd, queue
+        ffi = vk.ffi
         driver_name = driver_info = ""
         if api >= vk.VK_MAKE_VERSION(1, 2, 0) and props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):
-            ffi = vk.ffi
             drv = ffi.new("VkPhysicalDeviceDriverProperties*",
                           {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES})
             props2 = ffi.new("VkPhysicalDeviceProperties2*",
@@ -298,6 +158,11 @@ class VulkanDevice:
             vk.lib.vkGetPhysicalDeviceProperties2(pd, props2)
             driver_name = ffi.string(drv.driverName).decode(errors="replace")
             driver_info = ffi.string(drv.driverInfo).decode(errors="replace")
+        s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*",
+                      {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES})
+        feats = ffi.new("VkPhysicalDeviceFeatures2*",
+                        {"sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": s16})
+        vk.lib.vkGetPhysicalDeviceFeatures2(pd, feats)
         lim = props.limits
         self.info = DeviceInfo(
             name=name, device_type=_DEVICE_TYPE_NAMES.get(props.deviceType, str(props.deviceType)),
@@ -309,16 +174,25 @@ class VulkanDevice:
             max_shared_memory=lim.maxComputeSharedMemorySize,
             max_push_constants_size=lim.maxPushConstantsSize,
             max_storage_buffer_range=lim.maxStorageBufferRange,
+            fp16_storage=bool(s16.storageBuffer16BitAccess),
         )
         mem = vk.vkGetPhysicalDeviceMemoryProperties(self.physical_device)
         self._memory_types = [mem.memoryTypes[i].propertyFlags for i in range(mem.memoryTypeCount)]
 
     def _create_device(self) -> None:
         vk = self.vk
+        features = None
+        if self.info.fp16_storage:
+            features = vk.VkPhysicalDevice16BitStorageFeatures(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+                storageBuffer16BitAccess=vk.VK_TRUE)
+        # The bindings copy structs placed in lists into a new array and drop the originals, together with the
+        # arrays they point to: keep every struct that holds a pointer referenced until the call returns.
+        queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
+                                                pQueuePriorities=[1.0])
         self.handle = vk.vkCreateDevice(self.physical_device, vk.VkDeviceCreateInfo(
-            queueCreateInfoCount=1,
-            pQueueCreateInfos=[vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
-                                                          pQueuePriorities=[1.0])]), None)
+            pNext=features, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]), None)
+        del queue_info
         self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
         self._command_pool = vk.vkCreateCommandPool(self.handle, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
@@ -327,7 +201,7 @@ class VulkanDevice:
         self._descriptor_pool = vk.vkCreateDescriptorPool(self.handle, vk.VkDescriptorPoolCreateInfo(
             maxSets=MAX_DISPATCHES_PER_SUBMIT, poolSizeCount=1,
             pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                descriptorCount=MAX_DISPATCHES_PER_SUBMIT * _MAX_BINDINGS)]), None)
+                                                descriptorCount=MAX_DISPATCHES_PER_SUBMIT * MAX_BINDINGS)]), None)
         self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
 
     def memory_type(self, type_bits: int) -> int:
@@ -350,13 +224,18 @@ class VulkanDevice:
         """The compute kernel of ``spirv/<name>.spv`` with specialization constants ``spec`` (built once, cached)."""
         self._check_open()
         key = (name, tuple(spec))
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            if name not in available_shaders():
-                raise ValueError(f"unknown shader {name!r}; available: {', '.join(available_shaders()) or 'none'}"
-                                 " (was the package built? the build compiles shaders/*.comp with glslc)")
-            code = resources.files(__package__).joinpath("spirv", f"{name}.spv").read_bytes()
-            kernel = self._kernels[key] = Kernel(self, name, code, key[1])
+        with self._lock:
+            return self._kernels.get(key) or self._build_kernel(key)
+
+    def _build_kernel(self, key: tuple[str, tuple[int, ...]]) -> Kernel:
+        name = key[0]
+        if name.endswith("_fp16") and not self.info.fp16_storage:
+            raise ValueError(f"{name}: the device ({self.info.name}) has no 16-bit storage buffer access")
+        if name not in available_shaders():
+            raise ValueError(f"unknown shader {name!r}; available: {', '.join(available_shaders()) or 'none'}"
+                             " (was the package built? the build compiles shaders/*.comp with glslc)")
+        code = resources.files(__package__).joinpath("spirv", f"{name}.spv").read_bytes()
+        kernel = self._kernels[key] = Kernel(self, name, code, key[1])
         return kernel
 
     def dispatch(self, kernel: Kernel, buffers: Sequence[Buffer], push_constants: bytes = b"",

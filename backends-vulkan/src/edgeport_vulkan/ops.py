@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._launch import (
+    FP16_STORAGE,
     Launch,
     check_array,
     check_dim,
@@ -25,6 +26,7 @@ from ._launch import (
     contiguous_strides,
     pad6,
 )
+from .device import VulkanDevice
 from .ops_nn import NN_OPS
 
 __all__ = ["OPS", "run_op"]
@@ -33,8 +35,13 @@ OpFn = Callable[..., np.ndarray]
 OPS: dict[str, OpFn] = {}
 
 
-def run_op(name: str, inputs: Sequence[np.ndarray | None], **attrs: Any) -> np.ndarray:
-    """Runs op ``name`` on the Vulkan device (see ``OPS`` for the names) and returns a new float32 array."""
+def run_op(name: str, inputs: Sequence[np.ndarray | None], *, force_fp16: bool = False,
+           **attrs: Any) -> np.ndarray:
+    """Runs op ``name`` on the Vulkan device (see ``OPS`` for the names) and returns a new float32 array.
+
+    ``force_fp16``: keep the tensors in fp16 on the device (arithmetic stays fp32 in the shaders); inputs and
+    result are still float32 arrays. Needs ``VulkanDevice.get().info.fp16_storage``.
+    """
     fn = OPS.get(name)
     if fn is None:
         raise ValueError(f"unknown op {name!r}; known: {', '.join(sorted(OPS))}")
@@ -44,7 +51,16 @@ def run_op(name: str, inputs: Sequence[np.ndarray | None], **attrs: Any) -> np.n
         inspect.signature(fn).bind(list(inputs), **attrs)
     except TypeError as exc:
         raise ValueError(f"{name}: {exc}") from None
-    return fn(list(inputs), **attrs)
+    if not isinstance(force_fp16, bool):
+        raise ValueError(f"{name}: force_fp16 must be a bool, got {force_fp16!r}")
+    if force_fp16 and not VulkanDevice.get().info.fp16_storage:
+        raise ValueError(f"{name}: force_fp16 needs 16-bit storage buffers, which {VulkanDevice.get().info.name} "
+                         "lacks")
+    token = FP16_STORAGE.set(force_fp16)
+    try:
+        return fn(list(inputs), **attrs)
+    finally:
+        FP16_STORAGE.reset(token)
 
 
 def _op(*names: str) -> Callable[[OpFn], OpFn]:
@@ -136,14 +152,14 @@ def _matmul_launch(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, batch:
     if k == 0:  # empty reduction: zeros (+ bias)
         out = np.zeros(out_shape, np.float32)
         return out + bias if bias is not None else out
-    limit = 65535 * 16
+    limit = 65535 * 64
     if m > limit or n > limit or batch > 65535:
         raise ValueError(f"matmul: M={m}, N={n} (max {limit}) or batch={batch} (max 65535) too large")
     with Launch() as ln:
         out = ln.alloc(batch * m * n)
         bb = ln.upload(bias) if bias is not None else ln.dummy()
         ln.add("matmul", [ln.upload(a), ln.upload(b), bb, out], "7i",
-               [m, n, k, batch_a, batch_b, int(trans_b), int(bias is not None)], (-(-n // 16), -(-m // 16), batch))
+               [m, n, k, batch_a, batch_b, int(trans_b), int(bias is not None)], (-(-n // 64), -(-m // 64), batch))
         return ln.run(out, out_shape)
 
 

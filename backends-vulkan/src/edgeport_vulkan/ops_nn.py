@@ -65,9 +65,10 @@ def conv2d(inputs: list[Any], stride: Any = 1, padding: Any = 0, dilation: Any =
     with Launch() as ln:
         out = ln.alloc(total)
         bb = ln.upload(bias) if bias is not None else ln.dummy()
+        ocb = next(b for b in (8, 4, 2, 1) if (oc // g) % b == 0)  # output channels per invocation
         ln.add("conv2d", [ln.upload(x), ln.upload(w), bb, out], "17i2f",
                [n, c, h, wd, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, g, int(bias is not None), lo, hi],
-               ln.groups_1d(total, 64))
+               ln.groups_1d(total // ocb, 64), spec=(ocb,))
         return ln.run(out, result_shape)
 
 

@@ -2,9 +2,15 @@
 // Strided copy of an N-D region (up to 6-D) with offsets on both sides: the building block of
 // cat (one copy per input), slice (offset + stepped strides) and pad (fill, then copy to the interior).
 //   dst[dst_off + sum(c_d * dst_str[d])] = src[src_off + sum(c_d * src_str[d])], c over `shape`.
+#ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
+#extension GL_EXT_shader_16bit_storage : require
+#define DTYPE float16_t
+#else
+#define DTYPE float
+#endif
 layout(local_size_x = 256) in;
-layout(std430, set = 0, binding = 0) readonly buffer I { float src[]; };
-layout(std430, set = 0, binding = 1) buffer O { float dst[]; };
+layout(std430, set = 0, binding = 0) readonly buffer I { DTYPE src[]; };
+layout(std430, set = 0, binding = 1) buffer O { DTYPE dst[]; };
 layout(push_constant) uniform P {
     int n;
     int ndim;

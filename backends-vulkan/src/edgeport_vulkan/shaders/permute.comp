@@ -1,9 +1,15 @@
 #version 450
 // Permute (transpose) up to 6-D: out is contiguous with shape `shape`; in_strides are the input's
 // strides reordered by the permutation, so out[i] = x[sum(coord_d * in_strides[d])].
+#ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
+#extension GL_EXT_shader_16bit_storage : require
+#define DTYPE float16_t
+#else
+#define DTYPE float
+#endif
 layout(local_size_x = 256) in;
-layout(std430, set = 0, binding = 0) readonly buffer I { float x[]; };
-layout(std430, set = 0, binding = 1) writeonly buffer O { float o[]; };
+layout(std430, set = 0, binding = 0) readonly buffer I { DTYPE x[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer O { DTYPE o[]; };
 layout(push_constant) uniform P {
     int n;
     int ndim;

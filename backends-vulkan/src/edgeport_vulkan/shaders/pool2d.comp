@@ -2,10 +2,16 @@
 // 2-D max / average pooling over NCHW (PyTorch semantics; the host computes OH/OW incl. ceil_mode).
 // Specialization constant OP: 0 max (padding ignored, dilation honoured), 1 avg (count_include_pad,
 // divisor_override).
+#ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
+#extension GL_EXT_shader_16bit_storage : require
+#define DTYPE float16_t
+#else
+#define DTYPE float
+#endif
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const int OP = 0;
-layout(std430, set = 0, binding = 0) readonly buffer I { float x[]; };
-layout(std430, set = 0, binding = 1) writeonly buffer O { float o[]; };
+layout(std430, set = 0, binding = 0) readonly buffer I { DTYPE x[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer O { DTYPE o[]; };
 layout(push_constant) uniform P {
     int NC, H, W;
     int OH, OW;
@@ -36,11 +42,11 @@ void main() {
                 for (int kw = 0; kw < p.KW; ++kw) {
                     int iw = ws + kw * p.DW;
                     if (iw < 0 || iw >= p.W) continue;
-                    float v = x[base + ih * p.W + iw];
+                    float v = float(x[base + ih * p.W + iw]);
                     if (v > m || isnan(v)) m = v;
                 }
             }
-            o[i] = m;
+            o[i] = DTYPE(m);
         } else {
             int he = min(hs + p.KH, p.H + p.PH);
             int we = min(ws + p.KW, p.W + p.PW);
@@ -52,11 +58,11 @@ void main() {
             float s = 0.0;
             for (int ih = h0; ih < h1; ++ih) {
                 for (int iw = w0; iw < w1; ++iw) {
-                    s += x[base + ih * p.W + iw];
+                    s += float(x[base + ih * p.W + iw]);
                 }
             }
             int div = p.divisor != 0 ? p.divisor : (p.count_include_pad != 0 ? pool : (h1 - h0) * (w1 - w0));
-            o[i] = s / float(div);
+            o[i] = DTYPE(s / float(div));
         }
     }
 }

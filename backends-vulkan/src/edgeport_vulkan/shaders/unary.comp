@@ -2,10 +2,16 @@
 // Elementwise unary activations. Specialization constant OP (one pipeline per op): 0 relu, 1 clamp(lo, hi)
 // (relu6, hardtanh), 2 sigmoid, 3 tanh, 4 hardswish, 5 gelu (erf), 6 gelu (tanh approximation), 7 neg,
 // 8 abs, 9 exp, 10 sqrt, 11 silu, 12 leaky_relu(slope = lo).
+#ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
+#extension GL_EXT_shader_16bit_storage : require
+#define DTYPE float16_t
+#else
+#define DTYPE float
+#endif
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const int OP = 0;
-layout(std430, set = 0, binding = 0) readonly buffer I { float x[]; };
-layout(std430, set = 0, binding = 1) writeonly buffer O { float o[]; };
+layout(std430, set = 0, binding = 0) readonly buffer I { DTYPE x[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer O { DTYPE o[]; };
 layout(push_constant) uniform P {
     int n;
     float lo;
@@ -36,7 +42,7 @@ float erf_(float v) {
 void main() {
     int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
     for (int i = int(gl_GlobalInvocationID.x); i < p.n; i += stride) {
-        float v = x[i];
+        float v = float(x[i]);
         float r;
         if (OP == 0) r = max(v, 0.0);
         else if (OP == 1) r = min(max(v, p.lo), p.hi);
@@ -51,6 +57,6 @@ void main() {
         else if (OP == 10) r = sqrt(v);
         else if (OP == 11) r = v * sigmoid_(v);
         else r = v >= 0.0 ? v : v * p.lo;
-        o[i] = r;
+        o[i] = DTYPE(r);
     }
 }
