@@ -213,35 +213,41 @@ def now_ns() -> int:
 
 
 class ETDumpRecorder:
-    """Collects the event blocks of one program's runs (the runtime calls it; users call ``write``)."""
+    """Collects the event blocks of one program's runs (the runtime calls it; users call ``write``).
+
+    Runs are kept as the runtime's raw tuples and turned into ETDump tables only when written, so recording
+    costs a clock read and a tuple per instruction."""
 
     def __init__(self) -> None:
-        self.run_data: list[RunData] = []
-        self._default: RunData | None = None
+        self._loading: list[tuple[str, int, int]] = []
+        self._runs: list[list[tuple[str, int, int, int, int]]] = []
 
     def loading_event(self, name: str, start: int, end: int) -> None:
-        if self._default is None:
-            self._default = RunData(name="Default")
-            self.run_data.append(self._default)
-        self._default.events.append(Event(profile_event=ProfileEvent(name=name, chain_index=-1, instruction_id=0,
-                                                                     start_time=start, end_time=end)))
+        self._loading.append((name, start, end))
 
     def execution(self, events: list[tuple[str, int, int, int, int]]) -> None:
-        """One method execution: ``(name, chain, instruction, start_ns, end_ns)`` per instruction."""
-        block = RunData(name="Execute")
-        for name, chain, instr, start, end in events:
-            if not name.startswith("DELEGATE_CALL"):
-                block.events.append(Event(profile_event=ProfileEvent(
-                    name=f"native_call_{name}", chain_index=chain, instruction_id=instr, start_time=start,
-                    end_time=end)))
-                name = "OPERATOR_CALL"
-            block.events.append(Event(profile_event=ProfileEvent(
-                name=name.split(" ", 1)[0], chain_index=chain, instruction_id=instr, start_time=start,
-                end_time=end)))
-        self.run_data.append(block)
+        """One method execution: ``(name, chain, instruction, start_ns, end_ns)`` per kernel or delegate call
+        (``name``: ``op.overload`` for a kernel, ``DELEGATE_CALL`` for a delegate)."""
+        self._runs.append(events)
 
     def etdump(self) -> ETDump:
-        return ETDump(ETDUMP_VERSION, list(self.run_data))
+        blocks = []
+        if self._loading:
+            blocks.append(RunData(name="Default", events=[
+                Event(profile_event=ProfileEvent(name=n, chain_index=-1, instruction_id=0, start_time=a, end_time=b))
+                for n, a, b in self._loading]))
+        for run in list(self._runs):
+            block = RunData(name="Execute")
+            for name, chain, instr, start, end in run:
+                if name != "DELEGATE_CALL":
+                    block.events.append(Event(profile_event=ProfileEvent(
+                        name=f"native_call_{name}", chain_index=chain, instruction_id=instr, start_time=start,
+                        end_time=end)))
+                    name = "OPERATOR_CALL"
+                block.events.append(Event(profile_event=ProfileEvent(
+                    name=name, chain_index=chain, instruction_id=instr, start_time=start, end_time=end)))
+            blocks.append(block)
+        return ETDump(ETDUMP_VERSION, blocks)
 
     def write(self, path: str) -> None:
         import os
