@@ -97,8 +97,10 @@ class Lowering:
             raise LoweringError(f"input {node.name} is {val.dtype}; {self.spec} takes "
                                 f"{'int8 (quantized)' if self.integer else 'float32'} inputs")
         shape = static_shape(node)
+        # graph inputs get positional names, so that identical partitions give byte-identical TOSA graphs
+        name = f"input_{len(self.input_names)}"
         self.input_names.append(node.name)
-        return Value(self.g.input(node.name, shape, dtype), shape, dtype)
+        return Value(self.g.input(name, shape, dtype), shape, dtype)
 
     def _output(self, node: torch.fx.Node) -> None:
         v = self.settle(self.value(node))
