@@ -14,29 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.node_helpers import node_arg as arg
+from edgeport.node_helpers import node_shape as shape_of
+from edgeport.node_helpers import node_value as _val
 
 _F = ("float32",)
 _FI = ("float32", "int8")
 _QUANT_IO = ("float32", "int8", "float64", "int32", "int64")
 MAX_DIM = 65535
-
-
-def _val(value: Any) -> Any:
-    val = getattr(value, "meta", {}).get("val")
-    if isinstance(val, (tuple, list)):
-        val = val[0] if val else None
-    return val
-
-
-def shape_of(value: Any) -> tuple[int, ...] | None:
-    dims = getattr(_val(value), "shape", None)
-    if dims is None or any(type(d) is not int for d in dims):
-        return None
-    return tuple(dims)
-
-
-def arg(node: Any, index: int, name: str, default: Any = None) -> Any:
-    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
 
 
 def _pair(v: Any) -> list[int]:
