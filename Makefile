@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-all bench bench-xnnpack bench-architectures lint docs
+.PHONY: install demo test test-all bench bench-xnnpack bench-architectures bench-arm lint docs
 
 install:
 	VENV=$(VENV) bash scripts/install.sh
@@ -24,6 +24,9 @@ bench-xnnpack: install
 
 bench-architectures: install
 	$(PY) bench/architectures.py
+
+bench-arm: install
+	$(PY) bench/arm.py
 
 lint:
 	$(VENV)/bin/ruff check core plugins backends-* tests bench scripts
