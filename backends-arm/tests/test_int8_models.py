@@ -89,6 +89,8 @@ def test_ethos_u_compiles_with_vela_and_runs_as_reference(name, target):
     est = json.loads(bytes(lp.named_data(estimates_key(blob))).decode())
     assert est["target"] == target and est["cpu_ops"] == 0 and est["npu_ops"] >= 1
     assert est["cycles_npu"] > 0 and est["macs"] > 0 and est["sram_used_kib"] > 0
+    # and shown where users look: the delegation summary and edgeport inspect
+    assert f"delegate 0: Vela {target}: {est['cycles_npu']:,.0f} NPU cycles" in lowered.program.delegation_summary()
 
 
 def test_ethos_u_refuses_float_leftovers_by_name():

@@ -36,7 +36,8 @@ def describe_ethos_u_blob(processed: bytes | memoryview, named_data: Callable[[s
         stream = parse_vela_stream(processed)
     except VelaStreamError as exc:
         raise ValueError(str(exc)) from None
-    return {
+    estimates = _estimates(processed, named_data)
+    out = {
         "format": "Vela command stream (ExecuTorch's vela_bin_stream)",
         "command_stream_bytes": len(stream.cmd_data),
         "weight_bytes": len(stream.weight_data),
@@ -44,8 +45,14 @@ def describe_ethos_u_blob(processed: bytes | memoryview, named_data: Callable[[s
         "scratch_bytes": stream.scratch_size,
         "inputs": [{"shape": list(io.shape), "element_size": io.elem_size} for io in stream.inputs],
         "outputs": [{"shape": list(io.shape), "element_size": io.elem_size} for io in stream.outputs],
-        "estimates": _estimates(processed, named_data),
+        "estimates": estimates,
     }
+    if isinstance(estimates, dict):
+        out["summary"] = (f"Vela {estimates.get('target', '?')}: {estimates['cycles_npu']:,.0f} NPU cycles "
+                          f"({estimates['inference_time_s'] * 1e3:.3f} ms), SRAM {estimates['sram_used_kib']:.1f} KiB, "
+                          f"flash {estimates['off_chip_flash_used_kib']:.1f} KiB, {estimates['macs']:,} MACs, "
+                          f"{estimates['npu_ops']} NPU / {estimates['cpu_ops']} CPU ops")
+    return out
 
 
 def _estimates(processed: bytes | memoryview, named_data: Callable[[str], Any] | None) -> Any:

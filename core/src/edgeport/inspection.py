@@ -34,7 +34,8 @@ def _value(plan: S.ExecutionPlan, index: int) -> dict[str, Any]:
     return {"kind": type(val).__name__.lower() if val is not None else "none"}
 
 
-def _describe(backend_id: str, blob: memoryview, named_data: Any = None) -> dict[str, Any]:
+def describe_delegate(backend_id: str, blob: memoryview, named_data: Any = None) -> dict[str, Any]:
+    """What the backend's ``describe_blob`` says of one delegate blob (``{"error": ...}`` when it cannot)."""
     import inspect
 
     from edgeport.errors import BackendNotFoundError
@@ -74,7 +75,7 @@ def _method(lp: Any, pi: int, plan: S.ExecutionPlan, describe: bool) -> dict[str
         entry: dict[str, Any] = {"index": di, "backend": d.id, "blob_bytes": len(blob),
                                  "compile_specs": sorted(cs.key for cs in d.compile_specs)}
         if describe:
-            entry["description"] = _describe(d.id, blob, getattr(lp, "named_data", None))
+            entry["description"] = describe_delegate(d.id, blob, getattr(lp, "named_data", None))
         delegates.append(entry)
     external = []
     for vi, value in enumerate(plan.values):

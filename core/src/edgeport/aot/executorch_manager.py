@@ -278,7 +278,23 @@ class ExecutorchProgramManager:
         print(format_program(self._program, verbose=verbose), file=out or sys.stdout)
 
     def delegation_summary(self) -> str:
-        """Per method: delegate calls by backend, kernel calls by operator, and the memory plan."""
+        """Per method: delegate calls by backend (with a backend's one-line ``summary`` of each delegate when its
+        ``describe_blob`` gives one, e.g. a compiler's cost estimates), kernel calls by operator, the memory plan."""
         from edgeport.aot.program_printer import delegation_summary
 
-        return delegation_summary(self._program, self.memory_reports)
+        return delegation_summary(self._program, self.memory_reports, self._delegate_summaries())
+
+    def _delegate_summaries(self) -> dict[tuple[int, int], str]:
+        """(plan index, delegate index) -> the ``summary`` its backend's ``describe_blob`` gives, where it gives one."""
+        from edgeport.inspection import describe_delegate
+        from edgeport.program.reader import load_pte
+
+        out: dict[tuple[int, int], str] = {}
+        loaded = None
+        for pi, plan in enumerate(self._program.execution_plan):
+            for di, d in enumerate(plan.delegates):
+                loaded = loaded or load_pte(self.buffer)
+                described = describe_delegate(d.id, loaded.delegate_data(pi, di), loaded.named_data)
+                if isinstance(described.get("summary"), str):
+                    out[(pi, di)] = described["summary"]
+        return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from edgeport.program import schema as S
@@ -59,10 +59,11 @@ def format_program(program: S.Program, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def delegation_summary(program: S.Program, memory_reports: Sequence[Any] = ()) -> str:
+def delegation_summary(program: S.Program, memory_reports: Sequence[Any] = (),
+                       delegate_summaries: Mapping[tuple[int, int], str] | None = None) -> str:
     lines = []
     reports = {r.method: r for r in memory_reports}
-    for plan in program.execution_plan:
+    for pi, plan in enumerate(program.execution_plan):
         delegated: Counter[str] = Counter()
         kernels: Counter[str] = Counter()
         for chain in plan.chains:
@@ -78,6 +79,10 @@ def delegation_summary(program: S.Program, memory_reports: Sequence[Any] = ()) -
                      f"{sum(kernels.values())} portable kernel calls")
         for backend, n in sorted(delegated.items()):
             lines.append(f"  delegated to {backend}: {n} call(s)")
+            for di, d in enumerate(plan.delegates):
+                text = (delegate_summaries or {}).get((pi, di))
+                if d.id == backend and text:
+                    lines.append(f"    delegate {di}: {text}")
         for op, n in sorted(kernels.items()):
             lines.append(f"  portable {op}: {n}")
         if plan.name in reports:
