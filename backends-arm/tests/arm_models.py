@@ -55,11 +55,23 @@ class PoolCat(nn.Module):
         return y.reshape(1, -1)
 
 
+class SelectScale(nn.Module):
+    """a row picked with ``select`` and scaled by a constant (attention's q * scale pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x).reshape(1, 3, 8)[:, 1] * 0.5)
+
+
 MODELS: dict[str, tuple[Any, tuple[int, ...]]] = {
     "conv_block": (ConvBlock, (1, 3, 8, 8)),
     "keyword_spotter": (lambda: keyword_spotter()[0], (1, 1, 49, 10)),
     "mlp": (Mlp, (1, 32)),
     "pool_cat": (PoolCat, (1, 4, 8, 8)),
+    "select_scale": (SelectScale, (1, 16)),
 }
 
 

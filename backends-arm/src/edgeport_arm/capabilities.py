@@ -108,6 +108,8 @@ _TABLE = (
     OpCapability("aten.add.Tensor", _F, _alpha, "ADD (int8: both inputs RESCALEd to int32)"),
     OpCapability("aten.sub.Tensor", _F, _alpha, "SUB"),
     OpCapability("aten.mul.Tensor", _F, _static, "MUL"),
+    OpCapability("aten.mul.Scalar", _F, lambda n: _static(n) if isinstance(n.args[1], (int, float)) and n.args[1] > 0
+                 else "only a positive constant scalar", "MUL (int8: a change of scale, no operator)"),
     OpCapability("aten.relu.default", _F, _static, "CLAMP (int8: fused into the next RESCALE's clamp)"),
     OpCapability("aten.hardtanh.default", _F, _static, "CLAMP"),
     OpCapability("aten.clamp.default", _F, _static, "CLAMP"),
@@ -131,6 +133,7 @@ _TABLE = (
     OpCapability("aten.permute_copy.default", _F, _static, "TRANSPOSE"),
     OpCapability("aten.cat.default", _F, _static, "CONCAT"),
     OpCapability("aten.slice_copy.Tensor", _F, _slice, "SLICE"),
+    OpCapability("aten.select_copy.int", _F, _static, "SLICE + RESHAPE"),
     OpCapability("aten.constant_pad_nd.default", _F, _pad, "PAD"),
 )
 _QUANT = (

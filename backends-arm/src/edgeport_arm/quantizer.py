@@ -57,7 +57,8 @@ _AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.
 _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
            _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
            _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
-           _aten.pad.default, _aten.constant_pad_nd.default, _aten.slice.Tensor, _aten._unsafe_view.default}
+           _aten.pad.default, _aten.constant_pad_nd.default, _aten.slice.Tensor, _aten._unsafe_view.default,
+           _aten.select.int}
 
 
 def _is_float(a: Any) -> bool:
@@ -102,6 +103,9 @@ class _ArmQuantizer(Quantizer):
             t = node.target
             if t in _GEMM:
                 self._gemm(node)
+            elif t in _BINARY and not isinstance(node.args[1], Node) and _is_float(node.args[0]):
+                if t in (_aten.mul.Tensor, _aten.mul_.Tensor):  # by a constant: own output parameters
+                    self._mark(node, {node.args[0]: self.act}, self.act)
             elif t in _BINARY or t in _MATMUL:
                 self._binary(node)
             elif t in _TABLES or t in _AVERAGES:

@@ -7,13 +7,14 @@ zero-point-free int32 operands (scale ``scale_a * scale_b``).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from edgeport.errors import LoweringError
 from edgeport_arm.preprocess.graph import DType, Op
 from edgeport_arm.preprocess.lowering import Lowering
-from edgeport_arm.preprocess.ops._common import arg, binary, broadcast_shape, mul, same_layout
-from edgeport_arm.preprocess.values import Value
+from edgeport_arm.preprocess.ops._common import arg, binary, broadcast_shape, mul, same_layout, scalar
+from edgeport_arm.preprocess.values import QParams, Value
 
 _SHIFT = 20
 
@@ -44,6 +45,20 @@ def add(ctx: Lowering, node: torch.fx.Node) -> Value:
 
 def sub(ctx: Lowering, node: torch.fx.Node) -> Value:
     return _add_sub(ctx, node, Op.SUB, "SubAttribute")
+
+
+def multiply_scalar(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """``mul.Scalar`` by a positive constant: in integer graphs only the scale changes (no operator at all)."""
+    x, c = ctx.settle(ctx.value(node.args[0])), float(node.args[1])
+    if ctx.integer:
+        if not c > 0:
+            raise LoweringError(f"integer mul by {c}: only positive scalars are lowered")
+        if x.dtype == DType.INT32:
+            return x.with_(acc_scale=np.asarray(x.acc_scale, np.float64) * c)
+        if x.q is None:
+            raise LoweringError("integer mul.Scalar needs a dequantized int8 input")
+        return x.with_(q=QParams(x.q.scale * c, x.q.zero_point))
+    return x.with_(name=mul(ctx, x.name, scalar(ctx, c, len(x.shape)), x.shape, DType.FP32))
 
 
 def multiply(ctx: Lowering, node: torch.fx.Node) -> Value:

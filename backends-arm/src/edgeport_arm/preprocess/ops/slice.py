@@ -26,3 +26,21 @@ def slice_copy(ctx: Lowering, node: torch.fx.Node) -> Value:
     ctx.g.op(Op.SLICE, [x.name, ctx.g.shape_const(starts, "start"), ctx.g.shape_const(shape, "size")], [out],
              "SliceAttribute")
     return x.with_(name=out, shape=shape)
+
+
+def select(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """``select_copy.int``: a one-wide SLICE, then a RESHAPE without that dimension."""
+    x = ctx.nchw(ctx.settle(ctx.value(node.args[0])))
+    rank = len(x.shape)
+    dim = int(node.args[1]) % rank
+    index = int(node.args[2])
+    index += x.shape[dim] if index < 0 else 0
+    if not 0 <= index < x.shape[dim]:
+        raise LoweringError(f"select index {node.args[2]} out of range for size {x.shape[dim]}")
+    starts, size = [0] * rank, list(x.shape)
+    starts[dim], size[dim] = index, 1
+    out = ctx.g.tensor(size, x.dtype)
+    ctx.g.op(Op.SLICE, [x.name, ctx.g.shape_const(starts, "start"), ctx.g.shape_const(size, "size")], [out],
+             "SliceAttribute")
+    shape = static_shape(node)
+    return x.with_(name=ctx.g.reshape(out, shape, x.dtype), shape=shape)
