@@ -99,3 +99,16 @@ def test_fuzzed_tosa_blobs_never_crash(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _FUZZ, str(path), "7"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"child died ({proc.returncode}): {proc.stderr[-2000:]}"
     assert "refused" in proc.stdout and "'refused': 0" not in proc.stdout, proc.stdout
+
+
+def test_docs_op_table_is_generated_from_the_capability_table():
+    """docs/backends/arm.md lists exactly the capability table (`edgeport op-table TOSABackend --update`)."""
+    from pathlib import Path
+
+    from edgeport import scaffold
+    from edgeport_arm.capabilities import capabilities
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "backends" / "arm.md"
+    text = doc.read_text(encoding="utf-8")
+    assert scaffold.update_generated_block(text, "TOSABackend", capabilities()) == text, (
+        f"{doc} is stale: run edgeport op-table TOSABackend --update {doc}")
