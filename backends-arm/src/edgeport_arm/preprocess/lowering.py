@@ -170,13 +170,13 @@ class Lowering:
 
     def requantize(self, v: Value, q: QParams, qmin: int = INT8_MIN, qmax: int = INT8_MAX) -> Value:
         """``v`` as int8 with parameters ``q``, its pending activation bounds applied."""
-        if v.dtype == DType.INT32:
+        if v.dtype in (DType.INT32, DType.INT16):
             if v.acc_scale is None:
-                raise LoweringError(f"int32 tensor {v.name} has no accumulator scale")
+                raise LoweringError(f"{v.dtype} tensor {v.name} has no accumulator scale")
             scales = np.broadcast_to(np.asarray(v.acc_scale, np.float64), (v.shape[-1],)) \
                 if np.ndim(v.acc_scale) else [float(v.acc_scale)]
             ratio = [s / q.scale for s in scales]
-            name = self.g.rescale(v.name, v.shape, DType.INT32, DType.INT8, ratio, out_zp=q.zero_point)
+            name = self.g.rescale(v.name, v.shape, v.dtype, DType.INT8, ratio, out_zp=q.zero_point)
         elif v.dtype == DType.INT8 and v.q is not None:
             if v.q == q:
                 name = v.name
