@@ -1,8 +1,16 @@
-"""Fixtures of the Vulkan backend's tests: the shared device, or a skip when this machine has none."""
+"""Fixtures of the Vulkan backend's tests: the shared device, or a skip when this machine has none.
+
+Also puts this folder on sys.path so the tests can import their helpers (vk_models).
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

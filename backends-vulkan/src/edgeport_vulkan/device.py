@@ -20,7 +20,8 @@ from typing import Any
 from .objects import MAX_BINDINGS, Buffer, Kernel
 
 __all__ = [
-    "Buffer", "DeviceInfo", "Kernel", "VulkanDevice", "VulkanUnavailableError", "available_shaders", "dispatch",
+    "Buffer", "DeviceInfo", "Kernel", "Recording", "VulkanDevice", "VulkanUnavailableError", "available_shaders",
+    "dispatch",
 ]
 
 # Dispatches recorded into one command buffer at most (the descriptor pool is sized for it).
@@ -105,6 +106,7 @@ class VulkanDevice:
         self._lock = threading.RLock()
         self._kernels: dict[tuple[str, tuple[int, ...]], Kernel] = {}
         self._buffers: set[Buffer] = set()
+        self._recordings: set[Recording] = set()
         try:
             instance_version = vk.vkEnumerateInstanceVersion()
         except Exception:
@@ -292,6 +294,16 @@ class VulkanDevice:
             finally:
                 vk.vkResetDescriptorPool(dev, self._descriptor_pool, 0)
 
+    def record(self, dispatches: Sequence[Dispatch]) -> Recording:
+        """Records the dispatches once (with compute->compute barriers between them) into a command buffer of
+        their own; :meth:`Recording.run` submits it and waits, as often as needed. Buffers must outlive it."""
+        self._check_open()
+        if not dispatches:
+            raise ValueError("record() needs at least one dispatch")
+        for d in dispatches:
+            self._validate(*d)
+        return Recording(self, dispatches)
+
     def _validate(self, kernel: Kernel, buffers: Sequence[Buffer], pc: bytes, groups: tuple[int, int, int]) -> None:
         if not isinstance(kernel, Kernel) or self._kernels.get((kernel.name, kernel.spec)) is not kernel:
             raise ValueError("kernel does not belong to this device (use VulkanDevice.kernel())")
@@ -318,6 +330,8 @@ class VulkanDevice:
         vk, dev = self.vk, self.handle
         with self._lock:
             vk.vkDeviceWaitIdle(dev)
+            for rec in list(self._recordings):
+                rec.close()
             for buf in list(self._buffers):
                 buf.release()
             for kernel in self._kernels.values():
@@ -340,3 +354,87 @@ def dispatch(kernel: Kernel, buffers: Sequence[Buffer], push_constants: bytes = 
 def pack(fmt: str, *values: int | float) -> bytes:
     """Little-endian push-constant bytes (``struct`` format without the byte-order prefix)."""
     return struct.pack("<" + fmt, *values)
+
+
+class Recording:
+    """A command buffer recorded once by :meth:`VulkanDevice.record`; :meth:`run` submits it and waits."""
+
+    def __init__(self, device: VulkanDevice, dispatches: Sequence[Dispatch]) -> None:
+        vk = device.vk
+        self.device = device
+        self._closed = True
+        dev = device.handle
+        with device._lock:
+            self._pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
+                maxSets=len(dispatches), poolSizeCount=1,
+                pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                    descriptorCount=len(dispatches) * MAX_BINDINGS)]), None)
+            self._fence = vk.vkCreateFence(dev, vk.VkFenceCreateInfo(), None)
+            self._cmd = vk.vkAllocateCommandBuffers(dev, vk.VkCommandBufferAllocateInfo(
+                commandPool=device._command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=1))[0]
+            self._closed = False
+            try:
+                self._record(dispatches)
+            except BaseException:
+                self.close()
+                raise
+        self.buffers = [b for _, bufs, _, _ in dispatches for b in bufs]
+        device._recordings.add(self)
+
+    def _record(self, dispatches: Sequence[Dispatch]) -> None:
+        vk, dev, cmd = self.device.vk, self.device.handle, self._cmd
+        sets = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self._pool, descriptorSetCount=len(dispatches),
+            pSetLayouts=[k.set_layout for k, *_ in dispatches]))
+        writes = [vk.VkWriteDescriptorSet(
+            dstSet=sets[n], dstBinding=i, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.nbytes)])
+            for n, (_, bufs, _, _) in enumerate(dispatches) for i, b in enumerate(bufs)]
+        vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
+        barrier = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                     dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        for n, (kernel, _, pc, groups) in enumerate(dispatches):
+            if n:
+                vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                        vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [barrier], 0, None, 0, None)
+            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
+            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1, [sets[n]], 0,
+                                       None)
+            if pc:
+                vk.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(pc),
+                                      vk.ffi.from_buffer(pc))
+            vk.vkCmdDispatch(cmd, *groups)
+        host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                                [host], 0, None, 0, None)
+        vk.vkEndCommandBuffer(cmd)
+
+    def run(self) -> None:
+        """Submits the recorded commands and waits for them (one submission)."""
+        device, vk = self.device, self.device.vk
+        if self._closed:
+            raise ValueError("the recording was closed")
+        device._check_open()
+        if not all(b.alive for b in self.buffers):
+            raise ValueError("a buffer of the recording was released")
+        with device._lock:
+            vk.vkResetFences(device.handle, 1, [self._fence])
+            vk.vkQueueSubmit(device.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[self._cmd])],
+                             self._fence)
+            vk.vkWaitForFences(device.handle, 1, [self._fence], vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+
+    def close(self) -> None:
+        """Frees the command buffer, descriptor sets and fence (idempotent; not the buffers)."""
+        if self._closed or self.device._closed:
+            self._closed = True
+            return
+        vk, dev = self.device.vk, self.device.handle
+        with self.device._lock:
+            vk.vkQueueWaitIdle(self.device.queue)
+            vk.vkFreeCommandBuffers(dev, self.device._command_pool, 1, [self._cmd])
+            vk.vkDestroyDescriptorPool(dev, self._pool, None)
+            vk.vkDestroyFence(dev, self._fence, None)
+            self._closed = True
+            self.device._recordings.discard(self)

@@ -1,0 +1,199 @@
+"""``VulkanBackend``'s one capability table (torch-free: constraints read ``node.args`` and ``meta["val"]``).
+
+Float32 tensors with static shapes only (``force_fp16`` stores them as fp16 on the device;
+``max_pool2d_with_indices`` declares int64 indices, which must be unused). Each constraint
+mirrors a limit of the shader library (:mod:`edgeport_vulkan.ops`) or of the executor's graph interpreter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.node_helpers import node_arg as arg
+from edgeport.node_helpers import node_shape as shape_of
+from edgeport.node_helpers import node_value as _val
+
+_F = ("float32",)
+MAX_RANK = 6
+
+
+def _pair(v: Any) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in v] * (2 if len(v) == 1 else 1)
+
+
+def _static(node: Any) -> str | None:
+    for n in [node, *getattr(node, "all_input_nodes", [])]:
+        val = _val(n)
+        if val is not None and hasattr(val, "shape"):
+            s = shape_of(n)
+            if s is None:
+                return f"dynamic shape on {getattr(n, 'name', n)}: the Vulkan executor plans static shapes only"
+            if len(s) > MAX_RANK:
+                return f"{getattr(n, 'name', n)} has rank {len(s)} > {MAX_RANK}"
+    return None
+
+
+def _conv(node: Any) -> str | None:
+    w, x = shape_of(node.args[1]), shape_of(node.args[0])
+    if w is None or x is None or len(w) != 4 or len(x) not in (3, 4):
+        return "only 2-D convolutions (4-D weight) with static shapes"
+    if arg(node, 6, "transposed", False):
+        return "transposed convolution has no shader"
+    if any(_pair(arg(node, 7, "output_padding", 0))):
+        return "output_padding"
+    return _static(node)
+
+
+def _max_pool(node: Any) -> str | None:
+    if "with_indices" in str(node.target):
+        x = _val(node.args[0])
+        if str(getattr(x, "dtype", "")) != "torch.float32":
+            return f"input dtype {getattr(x, 'dtype', None)} (float32 only)"
+        if any(getattr(u, "args", (None, 0))[1] != 0 for u in node.users):
+            return "the indices output of max_pool2d_with_indices is used (the shader computes values only)"
+    return _static(node)
+
+
+def _alpha(node: Any) -> str | None:
+    a = arg(node, 2, "alpha", 1)
+    if a != 1:
+        return f"alpha={a} (only alpha=1)"
+    return _static(node)
+
+
+def _trailing(node: Any) -> str | None:
+    s = shape_of(node.args[0])
+    if s is None:
+        return _static(node)
+    dims = arg(node, 1, "dim")
+    dims = list(range(len(s))) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+    norm = sorted({int(d) % max(len(s), 1) for d in dims})
+    if norm != list(range(len(s) - len(norm), len(s))):
+        return f"reduces dims {dims} of a rank-{len(s)} tensor; the shader reduces the last dim(s) only"
+    if arg(node, 3, "dtype") is not None:
+        return "dtype argument"
+    return _static(node)
+
+
+def _softmax(node: Any) -> str | None:
+    s = shape_of(node.args[0])
+    if s is not None and int(node.args[1]) % max(len(s), 1) != len(s) - 1:
+        return f"softmax over dim {node.args[1]}; the shader normalizes the last dim only"
+    if arg(node, 2, "half_to_float", False):
+        return "half_to_float"
+    return _static(node)
+
+
+def _slice(node: Any) -> str | None:
+    step = arg(node, 4, "step", 1)
+    if not isinstance(step, int) or step < 1:
+        return f"step {step!r}"
+    return _static(node)
+
+
+def _pad(node: Any) -> str | None:
+    if any(int(p) < 0 for p in node.args[1]):
+        return "negative padding (cropping)"
+    return _static(node)
+
+
+def _gelu(node: Any) -> str | None:
+    if arg(node, 1, "approximate", "none") not in ("none", "tanh"):
+        return "unknown gelu approximation"
+    return _static(node)
+
+
+def _binary(node: Any) -> str | None:
+    for a in node.args[:2]:
+        if not hasattr(a, "meta") and not isinstance(a, (int, float)):
+            return f"operand {a!r} is neither a tensor nor a number"
+    return _static(node)
+
+
+def _avg_pool(node: Any) -> str | None:
+    return _static(node)
+
+
+def _mm(node: Any) -> str | None:
+    return _static(node)
+
+
+def _addmm(node: Any) -> str | None:
+    if arg(node, 3, "beta", 1) != 1 or arg(node, 4, "alpha", 1) != 1:
+        return "beta or alpha != 1"
+    bias, out = shape_of(node.args[0]), shape_of(node)
+    if bias is not None and out is not None and (not bias or bias[-1] != out[-1] or any(d != 1 for d in bias[:-1])):
+        return f"bias of shape {list(bias)} is not a row of {out[-1]} (the shader adds one bias row)"
+    return _static(node)
+
+
+def _adaptive(node: Any) -> str | None:
+    size = arg(node, 1, "output_size")
+    if _pair(size) != [1, 1]:
+        return f"adaptive average pooling to {list(size)} (only 1x1)"
+    return _static(node)
+
+
+def _layer_norm(node: Any) -> str | None:
+    if any(getattr(u, "args", (None, 0))[1] != 0 for u in node.users):
+        return "the mean / rstd outputs of native_layer_norm are used (the shader computes the output only)"
+    return _static(node)
+
+
+_TABLE = (
+    OpCapability("aten.convolution.default", _F, _conv, "conv2d shader: direct, groups incl. depthwise, + bias"),
+    OpCapability("aten.linear.default", _F, _static, "matmul shader (x @ W^T + b)"),
+    OpCapability("aten.addmm.default", _F, _addmm, "matmul shader (+ bias row)"),
+    OpCapability("aten.mm.default", _F, _mm, "matmul shader"),
+    OpCapability("aten.bmm.default", _F, _mm, "matmul shader (batched)"),
+    OpCapability("aten.add.Tensor", _F, _alpha, "binary shader, N-D broadcasting"),
+    OpCapability("aten.sub.Tensor", _F, _alpha, "binary shader"),
+    OpCapability("aten.mul.Tensor", _F, _binary, "binary shader"),
+    OpCapability("aten.div.Tensor", _F, _binary, "binary shader"),
+    OpCapability("aten.add.Scalar", _F, _alpha, "binary shader (scalar operand)"),
+    OpCapability("aten.sub.Scalar", _F, _alpha, "binary shader (scalar operand)"),
+    OpCapability("aten.mul.Scalar", _F, _binary, "binary shader (scalar operand)"),
+    OpCapability("aten.div.Scalar", _F, _binary, "binary shader (scalar operand)"),
+    OpCapability("aten.relu.default", _F, _static, "unary shader"),
+    OpCapability("aten.hardtanh.default", _F, _static, "unary shader (clamp)"),
+    OpCapability("aten.clamp.default", _F, _static, "unary shader"),
+    OpCapability("aten.sigmoid.default", _F, _static, "unary shader"),
+    OpCapability("aten.tanh.default", _F, _static, "unary shader"),
+    OpCapability("aten.hardswish.default", _F, _static, "unary shader"),
+    OpCapability("aten.gelu.default", _F, _gelu, "unary shader (erf or tanh)"),
+    OpCapability("aten.neg.default", _F, _static, "unary shader"),
+    OpCapability("aten.abs.default", _F, _static, "unary shader"),
+    OpCapability("aten.exp.default", _F, _static, "unary shader"),
+    OpCapability("aten.sqrt.default", _F, _static, "unary shader"),
+    OpCapability("aten.silu.default", _F, _static, "unary shader"),
+    OpCapability("aten.leaky_relu.default", _F, _static, "unary shader"),
+    OpCapability("aten.maximum.default", _F, _static, "binary shader, N-D broadcasting"),
+    OpCapability("aten.minimum.default", _F, _static, "binary shader, N-D broadcasting"),
+    OpCapability("aten.max_pool2d.default", _F, _max_pool, "pool2d shader"),
+    OpCapability("aten.max_pool2d_with_indices.default", (), _max_pool, "pool2d shader (values only)"),
+    OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "pool2d shader"),
+    OpCapability("aten.mean.dim", _F, _trailing, "mean shader (trailing dims)"),
+    OpCapability("aten._softmax.default", _F, _softmax, "softmax shader (last dim)"),
+    OpCapability("aten._log_softmax.default", _F, _softmax, "softmax shader, log (last dim)"),
+    OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "mean shader over H, W"),
+    OpCapability("aten.native_layer_norm.default", _F, _layer_norm, "layer_norm shader (mean/rstd not produced)"),
+    OpCapability("aten.view_copy.default", _F, _static, "no dispatch (buffer alias)"),
+    OpCapability("aten._unsafe_view.default", _F, _static, "no dispatch (buffer alias)"),
+    OpCapability("aten.squeeze_copy.dims", _F, _static, "no dispatch (buffer alias)"),
+    OpCapability("aten.squeeze_copy.dim", _F, _static, "no dispatch (buffer alias)"),
+    OpCapability("aten.unsqueeze_copy.default", _F, _static, "no dispatch (buffer alias)"),
+    OpCapability("aten.clone.default", _F, _static, "no dispatch (buffer alias)"),
+    OpCapability("aten.permute_copy.default", _F, _static, "permute shader"),
+    OpCapability("aten.select_copy.int", _F, _static, "copy shader (offset)"),
+    OpCapability("aten.expand_copy.default", _F, _static, "copy shader (zero strides)"),
+    OpCapability("aten.split_with_sizes_copy.default", _F, _static, "copy shader per output"),
+    OpCapability("aten.cat.default", _F, _static, "copy shader per input"),
+    OpCapability("aten.slice_copy.Tensor", _F, _slice, "copy shader (strided)"),
+    OpCapability("aten.constant_pad_nd.default", _F, _pad, "fill + copy shaders"),
+)
+
+
+def capabilities() -> CapabilityTable:
+    return CapabilityTable(_TABLE)

@@ -1,0 +1,60 @@
+"""``VulkanPartitioner``: the core capability partitioner driven by :mod:`edgeport_vulkan.capabilities`.
+
+Every node the table rejects keeps its reason in :attr:`rejections` after :meth:`partition`. Weights of
+``convolution`` / ``linear`` / ``layer_norm`` need not be constants (they are ordinary tensors on the device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, NodeFilter
+from edgeport_vulkan.capabilities import capabilities
+from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions
+
+
+class VulkanPartitioner(CapabilityBasedPartitioner):
+    """Delegates what the Vulkan shader library supports to ``VulkanBackend``.
+
+    ``compile_options``: a :class:`VulkanCompileOptions`, or a dict of ExecuTorch-style options
+    (``{"force_fp16": True}``).
+    """
+
+    def __init__(self, compile_options: VulkanCompileOptions | dict[str, Any] | None = None, *,
+                 min_partition_size: int = 1, node_filter: NodeFilter | None = None) -> None:
+        if compile_options is None:
+            options = VulkanCompileOptions()
+        elif isinstance(compile_options, dict):
+            known = {"force_fp16", "require_dynamic_shapes"}
+            unknown = sorted(set(compile_options) - known)
+            if unknown:
+                raise ValueError(f"VulkanPartitioner: unknown compile options {unknown}; known: {sorted(known)}")
+            options = VulkanCompileOptions(**compile_options)
+        elif isinstance(compile_options, VulkanCompileOptions):
+            options = compile_options
+        else:
+            raise TypeError(f"VulkanPartitioner takes VulkanCompileOptions or a dict, got "
+                            f"{type(compile_options).__name__}")
+        self.compile_options = options
+        self._user_filter = node_filter
+        super().__init__(BACKEND_ID, capabilities(), options.to_compile_specs(),
+                         min_partition_size=min_partition_size, node_filter=self._filter)
+
+    def _filter(self, node: torch.fx.Node) -> bool | str | None:
+        if self.compile_options.require_dynamic_shapes:
+            return ("require_dynamic_shapes=True: edgeport's Vulkan executor plans static shapes only, so nothing "
+                    "is delegated")
+        if self._user_filter is not None:
+            return self._user_filter(node)
+        return None
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        """Keep ``linear``, ``hardswish``, ``gelu`` and ``max_pool2d`` whole: one shader dispatch each."""
+        aten = torch.ops.aten
+        return [aten.linear.default, aten.hardswish.default, aten.gelu.default, aten.max_pool2d.default], None

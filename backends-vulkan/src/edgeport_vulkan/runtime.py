@@ -1,0 +1,201 @@
+"""``VulkanBackend``'s executor: a ``VH00`` blob run on the Vulkan device through the shader library.
+
+``init`` parses and validates the whole blob (:func:`edgeport_vulkan._plan.plan_graph`: sizes, tensor ids,
+operator names and shapes; unknown operators are refused by name) before any device memory is touched; then it
+uploads the weights once, allocates one buffer per tensor (views alias their source), and records every dispatch
+(with barriers) into one command buffer. Each ``execute`` copies the inputs in, submits once, waits, and copies
+the outputs out. Blobs written by ExecuTorch 1.5.1's Vulkan partitioner run too, for the operators the shader
+library has (constants in the program's named data are read through ``named_data``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeport.backend import CompileSpec
+from edgeport.errors import ProgramError, RuntimeExecutionError
+from edgeport_vulkan._plan import Plan, plan_graph
+from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions
+from edgeport_vulkan.schema import parse_blob
+
+
+def _largest_heap(dev: Any) -> int:
+    try:
+        mem = dev.vk.vkGetPhysicalDeviceMemoryProperties(dev.physical_device)
+        return max(int(mem.memoryHeaps[i].size) for i in range(mem.memoryHeapCount))
+    except Exception:  # noqa: BLE001 - a driver without heap info: no extra limit
+        return 0
+
+
+def plan_memory(plan: Plan) -> dict[int, int]:
+    """Memory slot of every buffer-owning tensor: intermediates whose lifetimes (first to last dispatch touching
+    them or a view of them) do not overlap share a slot; inputs, outputs and constants get slots of their own.
+    Every dispatch is followed by a full compute barrier, so reusing a buffer after its last reader is safe."""
+    owners = sorted(set(plan.storage.values()))
+    pinned = set(plan.constants) | {plan.storage[v] for v in (*plan.inputs, *plan.outputs)}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, d in enumerate(plan.dispatches):
+        for t in d.tensors:
+            o = plan.storage[t]
+            first.setdefault(o, i)
+            last[o] = i
+    slots: dict[int, int] = {}
+    free: list[int] = []
+    n_shared = 0
+    active: list[tuple[int, int]] = []  # (last use, slot)
+    for o in sorted((o for o in owners if o not in pinned and o in first), key=lambda o: first[o]):
+        for entry in [a for a in active if a[0] < first[o]]:
+            active.remove(entry)
+            free.append(entry[1])
+        if free:
+            slot = free.pop(0)
+        else:
+            slot = n_shared
+            n_shared += 1
+        slots[o] = slot
+        active.append((last[o], slot))
+    for n, o in enumerate(o for o in owners if o not in slots):
+        slots[o] = -1 - n  # a slot of its own
+    return slots
+
+
+@dataclass
+class _Handle:
+    plan: Plan
+    fp16: bool
+    device: Any
+    buffers: dict[int, Any] = field(default_factory=dict)  # owning tensor id -> Buffer
+    slots: dict[int, Any] = field(default_factory=dict)  # memory slot -> Buffer (shared by disjoint lifetimes)
+    recording: Any = None
+    description: str = ""
+
+
+class VulkanExecutor:
+    """Runs ``VulkanBackend`` delegates (one recorded command buffer per delegate)."""
+
+    thread_safe = False
+
+    def is_available(self) -> tuple[bool, str]:
+        from edgeport_vulkan.plugin import _available
+
+        return _available()
+
+    def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec],
+             named_data: Callable[[str], memoryview] | None = None) -> _Handle:
+        try:
+            options = VulkanCompileOptions.from_compile_specs(compile_specs)
+        except ValueError as exc:
+            raise ProgramError(f"{BACKEND_ID}: {exc}") from None
+        blob = parse_blob(processed, f"{BACKEND_ID} delegate")
+        plan = plan_graph(blob.graph, blob.constant_bytes, named_data, f"{BACKEND_ID} delegate")
+        from edgeport_vulkan.device import VulkanDevice, VulkanUnavailableError
+
+        try:
+            device = VulkanDevice.get()
+        except VulkanUnavailableError as exc:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: no Vulkan device: {exc}") from None
+        fp16 = options.force_fp16 or plan.fp16
+        if fp16 and not device.info.fp16_storage:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: force_fp16 needs 16-bit storage buffers, which "
+                                        f"{device.info.name} lacks")
+        handle = _Handle(plan, fp16, device)
+        try:
+            self._allocate(handle)
+        except BaseException:
+            self.destroy(handle)
+            raise
+        handle.description = (f"Vulkan compute on {device.info.name} ({device.info.device_type}, "
+                              f"{device.info.driver_name or 'driver'}), {len(plan.dispatches)} dispatches"
+                              + (", fp16 storage" if fp16 else ""))
+        return handle
+
+    def _allocate(self, h: _Handle) -> None:
+        plan, dev = h.plan, h.device
+        itemsize = 2 if h.fp16 else 4
+        limit = dev.info.max_storage_buffer_range
+        sizes = {}
+        for owner in sorted(set(plan.storage.values())):
+            sizes[owner] = max(4, -(-math.prod(plan.dims[owner]) * itemsize // 4) * 4)
+            if sizes[owner] > limit:
+                raise ProgramError(f"{BACKEND_ID}: tensor {owner} needs {sizes[owner]} bytes, above the device's "
+                                   f"maxStorageBufferRange ({limit})")
+        slots = plan_memory(plan)
+        slot_bytes: dict[int, int] = {}
+        for owner, slot in slots.items():
+            slot_bytes[slot] = max(slot_bytes.get(slot, 0), sizes[owner])
+        total, heap = sum(slot_bytes.values()), _largest_heap(dev)
+        if heap and total > heap:
+            raise ProgramError(f"{BACKEND_ID}: the graph needs {total} bytes of buffers, more than the device's "
+                               f"largest memory heap ({heap} bytes)")
+        for slot, nbytes in slot_bytes.items():
+            h.slots[slot] = dev.buffer(nbytes)
+        for owner, slot in slots.items():
+            h.buffers[owner] = h.slots[slot]
+        for owner, data in plan.constants.items():
+            h.buffers[owner].write(self._to_device(data, h.fp16))
+        if plan.dispatches:
+            from edgeport_vulkan.device import pack
+
+            dispatches = []
+            for d in plan.dispatches:
+                kernel = dev.kernel(d.shader + "_fp16" if h.fp16 else d.shader, d.spec)
+                bufs = [h.buffers[plan.storage[t]] for t in d.tensors]
+                dispatches.append((kernel, bufs, pack(d.fmt, *d.values), d.groups))
+            h.recording = dev.record(dispatches)
+
+    @staticmethod
+    def _to_device(a: np.ndarray, fp16: bool) -> np.ndarray:
+        a = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+        if fp16:
+            with np.errstate(over="ignore"):
+                return a.astype(np.float16)
+        return a
+
+    def describe_execution(self, handle: _Handle) -> str:
+        return handle.description
+
+    def num_outputs(self, handle: _Handle) -> int:
+        return len(handle.plan.outputs)
+
+    def execute(self, handle: _Handle, inputs: Sequence[Any], out: Sequence[Any] | None = None) -> list[np.ndarray]:
+        plan = handle.plan
+        if not handle.buffers:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: the delegate was destroyed")
+        if len(inputs) != len(plan.inputs):
+            raise RuntimeExecutionError(f"{BACKEND_ID}: {len(inputs)} inputs given, the graph takes "
+                                        f"{len(plan.inputs)}")
+        for i, (x, vid) in enumerate(zip(inputs, plan.inputs, strict=True)):
+            a = np.asarray(x)
+            if a.dtype != np.float32 or tuple(a.shape) != plan.dims[vid]:
+                raise RuntimeExecutionError(f"{BACKEND_ID}: input {i} must be float32 of shape "
+                                            f"{list(plan.dims[vid])}, got {a.dtype} {list(a.shape)}")
+            handle.buffers[plan.storage[vid]].write(self._to_device(a, handle.fp16))
+        if handle.recording is not None:
+            handle.recording.run()
+        dtype = np.float16 if handle.fp16 else np.float32
+        results = []
+        for i, vid in enumerate(plan.outputs):
+            shape = plan.dims[vid]
+            data = handle.buffers[plan.storage[vid]].view(dtype)[:math.prod(shape)].reshape(shape)
+            dst = out[i] if out is not None and i < len(out) else None
+            if dst is not None and isinstance(dst, np.ndarray) and dst.shape == shape and dst.dtype == np.float32:
+                np.copyto(dst, data)
+                results.append(dst)
+            else:
+                results.append(data.astype(np.float32, copy=True))
+        return results
+
+    def destroy(self, handle: _Handle) -> None:
+        if handle.recording is not None:
+            handle.recording.close()
+            handle.recording = None
+        for buf in handle.slots.values():
+            buf.release()
+        handle.slots.clear()
+        handle.buffers.clear()

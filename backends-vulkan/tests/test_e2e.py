@@ -1,0 +1,89 @@
+"""torch.export -> VulkanPartitioner -> edgeport program -> edgeport runtime on the Vulkan device, vs eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from vk_models import CNN, MLP, Attention, load, lower, rel_err, run_pte
+
+from edgeport_vulkan import VulkanDevice
+from edgeport_vulkan.options import VulkanCompileOptions
+from edgeport_vulkan.partitioner import VulkanPartitioner
+
+CASES = {
+    "mlp": (MLP, (2, 8)),
+    "cnn": (CNN, (1, 3, 8, 8)),
+    "attention": (Attention, (1, 4, 16)),
+}
+
+
+def _case(name: str, fp16: bool = False):
+    torch.manual_seed(0)
+    cls, shape = CASES[name]
+    model = cls().eval()
+    x = torch.randn(*shape)
+    part = VulkanPartitioner(VulkanCompileOptions(force_fp16=fp16))
+    pte = lower(model, (x,), part)
+    return model, x, part, pte
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fp32_matches_eager(device, name):
+    model, x, part, pte = _case(name)
+    assert not part.rejections, part.rejections  # fully delegated
+    method = load(pte)
+    assert [d.backend_id for d in method.profile.delegates] == ["VulkanBackend"]
+    assert "Vulkan compute on" in method.profile.delegates[0].execution
+    got = np.asarray(method.execute([x.numpy()])[0])
+    want = model(x).detach().numpy()
+    assert got.shape == want.shape
+    assert rel_err(got, want) <= 1e-4
+    again = np.asarray(method.execute([x.numpy()])[0])  # the recorded command buffer is reused
+    np.testing.assert_array_equal(again, got)
+    x2 = torch.randn(*x.shape)
+    assert rel_err(np.asarray(method.execute([x2.numpy()])[0]), model(x2).detach().numpy()) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_fp16_storage_matches_eager(device, name):
+    if not VulkanDevice.get().info.fp16_storage:
+        pytest.skip("the device has no 16-bit storage buffers")
+    model, x, _, pte = _case(name, fp16=True)
+    method = load(pte)
+    assert "fp16 storage" in method.profile.delegates[0].execution
+    got = np.asarray(method.execute([x.numpy()])[0])
+    assert got.dtype == np.float32
+    assert rel_err(got, model(x).detach().numpy()) <= 1e-2
+
+
+def test_transformer_encoder_layer_partly_delegated(device):
+    """nn.TransformerEncoderLayer: matmuls, softmax, layer norms and the FFN run on Vulkan; the fast path's
+    boolean NaN checks (eq / any / where on bool tensors) stay on the CPU, each with its reason."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(1, 4, 16)
+    part = VulkanPartitioner()
+    pte = lower(layer, (x,), part)
+    assert part.rejections and all("not in the VulkanBackend capability table" in r or "dtype" in r
+                                   for r in part.rejections.values())
+    got = run_pte(pte, [x.numpy()])[0]
+    assert rel_err(got, layer(x).detach().numpy()) <= 1e-4
+
+
+def test_mixed_ops_and_scalars(device):
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            z = torch.cat([x * 0.5 + 1.0, torch.sigmoid(y) - x], dim=1)
+            z = torch.nn.functional.pad(z, (1, 2))
+            z = torch.clamp(z[:, 1:5], -0.5, 0.75) / (torch.tanh(z[:, :4]) + 2.0)
+            return z.permute(1, 0).mean(dim=-1, keepdim=True), torch.nn.functional.hardtanh(z, -0.2, 0.3)
+
+    torch.manual_seed(1)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    part = VulkanPartitioner()
+    pte = lower(M(), (x, y), part)
+    assert not part.rejections, part.rejections
+    got = run_pte(pte, [x.numpy(), y.numpy()])
+    for g, w in zip(got, M()(x, y), strict=True):
+        assert rel_err(g, w.numpy()) <= 1e-4
