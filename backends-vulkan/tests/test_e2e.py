@@ -87,3 +87,23 @@ def test_mixed_ops_and_scalars(device):
     got = run_pte(pte, [x.numpy(), y.numpy()])
     for g, w in zip(got, M()(x, y), strict=True):
         assert rel_err(g, w.numpy()) <= 1e-4
+
+
+def test_batch_norm_is_folded_at_load_and_mobilenet_is_one_delegate():
+    """MobileNetV2 (eval batch norms after every convolution) lowers to one delegate and matches eager."""
+    import numpy as np
+    import torch
+
+    from edgeport import to_edge_transform_and_lower
+    from edgeport.runtime import Runtime
+    from edgeport.testing.models import mobilenet_v2_style
+    from edgeport_vulkan import VulkanPartitioner
+
+    model, args = mobilenet_v2_style()
+    program = to_edge_transform_and_lower(torch.export.export(model, args),
+                                          partitioner=[VulkanPartitioner()]).to_executorch()
+    summary = program.delegation_summary()
+    assert "delegated to VulkanBackend: 1 call(s)" in summary and "0 portable kernel calls" in summary, summary
+    got = Runtime.get().load_program(program.buffer).load_method("forward").execute([args[0].numpy()])[0]
+    want = model(*args).detach().numpy()
+    assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))

@@ -537,6 +537,46 @@ def _layer_norm(ctx: _Ctx, args: list[int]) -> None:
                  [rows, length, eps, int(wb[0] is not None), int(wb[1] is not None)], (min(rows, MAX_GROUPS), 1, 1))
 
 
+def _batch_norm(ctx: _Ctx, args: list[int]) -> None:
+    """``_native_batch_norm_legit_no_training`` with constant statistics: folded here, at load, into a per-channel
+    scale and shift (two elementwise dispatches, the second in place)."""
+    _nargs(ctx, args, 8)
+    x = ctx.tensor(args[0])
+    if len(x) < 2:
+        raise ctx.fail(f"batch norm of a {len(x)}-D input")
+    channels = x[1]
+
+    def stat(vid: int, what: str, default: float) -> np.ndarray:
+        if ctx.is_null(vid):
+            return np.full(channels, default)
+        ctx.tensor(vid, what)
+        arr = ctx.plan.constants.get(vid)
+        if arr is None or arr.size != channels:
+            raise ctx.fail(f"{what} must be a constant of {channels} values")
+        return arr.astype(np.float64)
+
+    weight, bias = stat(args[1], "weight", 1.0), stat(args[2], "bias", 0.0)
+    mean, var = stat(args[3], "running_mean", 0.0), stat(args[4], "running_var", 1.0)
+    eps = ctx.num(args[6], "eps")
+    if not 0 <= eps < math.inf or np.any(var + eps <= 0):
+        raise ctx.fail(f"eps {eps} and running_var give a non-positive variance")
+    scale = weight / np.sqrt(var + eps)
+    shift = bias - mean * scale
+    outs = ctx.value(args[-1])
+    if not isinstance(outs, ValueList) or len(outs.items) != 3:
+        raise ctx.fail("output must be a ValueList of (out, save_mean, save_invstd)")
+    out = outs.items[0]
+    ctx.unused.update(outs.items[1:])
+    ctx.out(out, x)
+    n = math.prod(x)
+    per_channel = [0, 1] + [0] * (len(x) - 2)  # the stride of a (C,)-vector broadcast over x
+    cshape, (sx, sc) = ctx.coalesce(x, contiguous_strides(x), per_channel)
+    for code, operand, src in ((_BINARY["aten.mul.Tensor"], scale, args[0]), (_BINARY["aten.add.Tensor"], shift, out)):
+        vid = ctx.synthetic(operand)
+        ctx.dispatch("binary", [src, vid, out], "19i", [n, *pad6(cshape), *pad6(sx, 0), *pad6(sc, 0)],
+                     _groups(n, 256), (code, len(cshape)))
+
+
 # -- data movement ------------------------------------------------------------------------------------------------
 def _view(ctx: _Ctx, args: list[int]) -> None:
     _nargs(ctx, args, 2, 3)
@@ -685,6 +725,7 @@ HANDLERS: dict[str, Callable[[_Ctx, list[int]], None]] = {
     "aten.avg_pool2d.default": _pool, "aten.mean.dim": _mean, "aten._softmax.default": _softmax,
     "aten._log_softmax.default": _softmax, "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool,
     "aten.native_layer_norm.default": _layer_norm,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm,
     "aten.view_copy.default": _view, "aten._unsafe_view.default": _view, "aten.squeeze_copy.dims": _view,
     "aten.squeeze_copy.dim": _view, "aten.unsqueeze_copy.default": _view, "aten.clone.default": _view,
     "aten.permute_copy.default": _permute, "aten.cat.default": _cat, "aten.slice_copy.Tensor": _slice,

@@ -136,6 +136,16 @@ def _adaptive(node: Any) -> str | None:
     return _static(node)
 
 
+def _batch_norm(node: Any) -> str | None:
+    x = shape_of(node.args[0])
+    if x is None or len(x) < 2:
+        return "batch norm needs a static input with a channel dimension"
+    for user in getattr(node, "users", ()):
+        if getattr(user, "args", (None, 0))[1] != 0:
+            return "the save_mean / save_invstd outputs are used (only the normalized output is computed)"
+    return _static(node)
+
+
 def _layer_norm(node: Any) -> str | None:
     if any(getattr(u, "args", (None, 0))[1] != 0 for u in node.users):
         return "the mean / rstd outputs of native_layer_norm are used (the shader computes the output only)"
@@ -179,6 +189,8 @@ _TABLE = (
     OpCapability("aten._log_softmax.default", _F, _softmax, "softmax shader, log (last dim)"),
     OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "mean shader over H, W"),
     OpCapability("aten.native_layer_norm.default", _F, _layer_norm, "layer_norm shader (mean/rstd not produced)"),
+    OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _batch_norm,
+                 "constant statistics folded at load into a per-channel scale and shift (two binary dispatches)"),
     OpCapability("aten.view_copy.default", _F, _static, "no dispatch (buffer alias)"),
     OpCapability("aten._unsafe_view.default", _F, _static, "no dispatch (buffer alias)"),
     OpCapability("aten.squeeze_copy.dims", _F, _static, "no dispatch (buffer alias)"),

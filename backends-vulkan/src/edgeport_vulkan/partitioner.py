@@ -12,9 +12,17 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, NodeFilter
+from edgeport.aot.capability_partitioner import (
+    CapabilityBasedPartitioner,
+    NodeFilter,
+    constant_placeholder_names,
+    op_name,
+)
+from edgeport.aot.partitioner import PartitionResult
 from edgeport_vulkan.capabilities import capabilities
 from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions
+
+_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
 
 
 class VulkanPartitioner(CapabilityBasedPartitioner):
@@ -41,6 +49,7 @@ class VulkanPartitioner(CapabilityBasedPartitioner):
                             f"{type(compile_options).__name__}")
         self.compile_options = options
         self._user_filter = node_filter
+        self._constants: set[str] = set()
         super().__init__(BACKEND_ID, capabilities(), options.to_compile_specs(),
                          min_partition_size=min_partition_size, node_filter=self._filter)
 
@@ -48,9 +57,19 @@ class VulkanPartitioner(CapabilityBasedPartitioner):
         if self.compile_options.require_dynamic_shapes:
             return ("require_dynamic_shapes=True: edgeport's Vulkan executor plans static shapes only, so nothing "
                     "is delegated")
+        if op_name(node.target) == _BATCH_NORM:
+            for i in (1, 2, 3, 4):  # weight, bias, running mean / var: folded into a scale and shift at load
+                a = node.args[i] if i < len(node.args) else None
+                if a is not None and not (isinstance(a, torch.fx.Node) and (
+                        a.op == "get_attr" or (a.op == "placeholder" and a.name in self._constants))):
+                    return f"{_BATCH_NORM}: argument {i} ({getattr(a, 'name', a)}) is not a constant"
         if self._user_filter is not None:
             return self._user_filter(node)
         return None
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        self._constants = constant_placeholder_names(exported_program)
+        return super().partition(exported_program)
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
