@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from edgeport_qnn.sdk.locate import INSTALL_HINT, qnn_available
+
+sys.path.insert(0, str(Path(__file__).parent))  # the tests' helpers (qnn_models)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,211 @@
+"""``QnnBackend``'s capability table: edge ops -> QNN ``qti.aisw`` ops (float32 on the HTP).
+
+Torch-free: constraints read only ``node.args`` / ``node.kwargs`` and ``meta["val"]``. The table says what the
+lowering handles; the partitioner additionally asks the real backend (``backendValidateOpConfig``) about each
+candidate node (:mod:`edgeport_qnn.partitioner`), so nothing the HTP refuses is claimed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.node_helpers import node_arg as arg
+from edgeport.node_helpers import node_shape as shape_of
+
+_F = ("float32",)
+
+
+def _pair(v: Any) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in v] * (2 if len(v) == 1 else 1)
+
+
+def _static(node: Any) -> str | None:
+    for n in [node, *getattr(node, "all_input_nodes", [])]:
+        val = getattr(n, "meta", {}).get("val")
+        if hasattr(val, "shape") and shape_of(n) is None:
+            return f"dynamic shape on {getattr(n, 'name', n)}: QNN graphs here are static (export without Dim)"
+    return None
+
+
+def _alpha(node: Any) -> str | None:
+    return "alpha != 1" if arg(node, 2, "alpha", 1) != 1 else _static(node)
+
+
+def _conv(node: Any) -> str | None:
+    w, x = shape_of(node.args[1]), shape_of(node.args[0])
+    if w is None or x is None or len(w) != 4:
+        return "only 2-D convolutions with static shapes"
+    if arg(node, 6, "transposed", False):
+        return "transposed convolution is not lowered"
+    groups = int(arg(node, 8, "groups", 1))
+    if groups != 1 and not (groups == x[1] and w[1] == 1):
+        return f"grouped convolution (groups={groups}) that is not depthwise is not lowered"
+    return _static(node)
+
+
+def _only_first_output(node: Any) -> str | None:
+    for u in getattr(node, "users", ()):
+        if getattr(getattr(u, "target", None), "__name__", "") == "getitem" and u.args[1] != 0:
+            return f"output {u.args[1]} (not the normalized tensor) is used"
+    return None
+
+
+def _max_pool(node: Any) -> str | None:
+    if _pair(arg(node, 4, "dilation", 1)) != [1, 1]:
+        return "dilated max pooling"
+    if arg(node, 5, "ceil_mode", False):
+        return "ceil_mode=True"
+    if "with_indices" in str(node.target):
+        if _only_first_output(node):
+            return "the indices of max_pool2d_with_indices are used"
+    return _static(node)
+
+
+def _avg_pool(node: Any) -> str | None:
+    if arg(node, 4, "ceil_mode", False):
+        return "ceil_mode=True"
+    if arg(node, 6, "divisor_override") is not None:
+        return "divisor_override is set"
+    return _static(node)
+
+
+def _adaptive(node: Any) -> str | None:
+    return None if [int(s) for s in node.args[1]] == [1, 1] else "adaptive average pooling to a size other than 1x1"
+
+
+def _gelu(node: Any) -> str | None:
+    approximate = arg(node, 1, "approximate", "none")
+    return None if approximate in ("none", "tanh") else f"gelu approximate={approximate!r}"
+
+
+def _expand(node: Any) -> str | None:
+    src, out = shape_of(node.args[0]), shape_of(node)
+    return None if src is not None and src == out else "expand that changes the shape"
+
+
+def _softmax(node: Any) -> str | None:
+    return "half_to_float=True" if arg(node, 2, "half_to_float", False) else _static(node)
+
+
+def _layer_norm(node: Any) -> str | None:
+    return _only_first_output(node) or _static(node)
+
+
+def _batch_norm(node: Any) -> str | None:
+    s = shape_of(node.args[0])
+    if s is None or len(s) != 4:
+        return "batch norm of a non-4-D input"
+    return _only_first_output(node)
+
+
+def _rank(node: Any) -> str | None:
+    for n in (node, node.args[0]):
+        s = shape_of(n)
+        if s is not None and len(s) > 4:
+            # a 5-D Reshape/Transpose validates on its own but can fail when the HTP prepares a larger graph
+            return f"rank {len(s)} > 4 ({getattr(n, 'name', n)})"
+    return _static(node)
+
+
+def _leaky(node: Any) -> str | None:
+    slope = float(arg(node, 1, "negative_slope", 0.01))
+    return None if 0.0 <= slope <= 1.0 else f"negative_slope {slope} outside [0, 1]"
+
+
+def _pad(node: Any) -> str | None:
+    if any(int(p) < 0 for p in node.args[1]):
+        return "negative padding"
+    return _rank(node)
+
+
+def _slice(node: Any) -> str | None:
+    return "step < 1" if int(arg(node, 4, "step", 1)) < 1 else _rank(node)
+
+
+_TABLE = (
+    OpCapability("aten.add.Tensor", _F, _alpha, "ElementWiseAdd; broadcasting, constants"),
+    OpCapability("aten.sub.Tensor", _F, _alpha, "ElementWiseSubtract"),
+    OpCapability("aten.mul.Tensor", _F, _static, "ElementWiseMultiply"),
+    OpCapability("aten.div.Tensor", _F, _static, "ElementWiseDivide"),
+    OpCapability("aten.add.Scalar", _F, _alpha, "ElementWiseAdd with a static scalar"),
+    OpCapability("aten.sub.Scalar", _F, _alpha, "ElementWiseSubtract with a static scalar"),
+    OpCapability("aten.mul.Scalar", _F, _static, "ElementWiseMultiply with a static scalar"),
+    OpCapability("aten.div.Scalar", _F, _static, "ElementWiseDivide with a static scalar"),
+    OpCapability("aten.maximum.default", _F, _static, "ElementWiseMaximum"),
+    OpCapability("aten.minimum.default", _F, _static, "ElementWiseMinimum"),
+    OpCapability("aten.relu.default", _F, _static, "Relu"),
+    OpCapability("aten.hardtanh.default", _F, _static, "ReluMinMax (relu6)"),
+    OpCapability("aten.clamp.default", _F, _static, "ReluMinMax (both bounds) or ElementWiseMaximum/Minimum"),
+    OpCapability("aten.leaky_relu.default", _F, _leaky, "ElementWiseMaximum(x, slope * x); 0 <= slope <= 1"),
+    OpCapability("aten.exp.default", _F, _static, "ElementWiseExp"),
+    OpCapability("aten.abs.default", _F, _static, "ElementWiseAbs"),
+    OpCapability("aten.neg.default", _F, _static, "ElementWiseNeg"),
+    OpCapability("aten.sqrt.default", _F, _static, "ElementWiseSquareRoot"),
+    OpCapability("aten.rsqrt.default", _F, _static, "ElementWiseRsqrt"),
+    OpCapability("aten.sigmoid.default", _F, _static, "Sigmoid"),
+    OpCapability("aten.tanh.default", _F, _static, "Tanh"),
+    OpCapability("aten.hardswish.default", _F, _static, "HardSwish (kept whole)"),
+    OpCapability("aten.gelu.default", _F, _gelu, "from fp32 elementwise ops (erf: A&S 7.1.26; tanh form: Tanh), kept whole"),
+    OpCapability("aten.linear.default", _F, _static, "FullyConnected (kept whole); constant weights"),
+    OpCapability("aten.mm.default", _F, _static, "MatMul"),
+    OpCapability("aten.bmm.default", _F, _static, "MatMul (batched)"),
+    OpCapability("aten.convolution.default", _F, _conv, "Conv2d / DepthWiseConv2d, NHWC; constant weights"),
+    OpCapability("aten.max_pool2d.default", _F, _max_pool, "PoolMax2d (kept whole)"),
+    OpCapability("aten.max_pool2d_with_indices.default", _F, _max_pool, "PoolMax2d; indices unused"),
+    OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "PoolAvg2d"),
+    OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "ReduceMean over H, W; 1x1 only"),
+    OpCapability("aten.mean.dim", _F, _static, "ReduceMean"),
+    OpCapability("aten._softmax.default", _F, _softmax, "Softmax (other axes: Transpose around it)"),
+    OpCapability("aten._log_softmax.default", _F, _softmax, "LogSoftmax (other axes: Transpose around it)"),
+    OpCapability("aten.native_layer_norm.default", _F, _layer_norm, "ReduceMean + elementwise + Rsqrt (fp32); constant weight and bias"),
+    OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _batch_norm,
+                 "Batchnorm (NHWC, folded scale and shift); 4-D"),
+    OpCapability("aten.view_copy.default", _F, _rank, "Reshape"),
+    OpCapability("aten.squeeze_copy.dims", _F, _rank, "Reshape"),
+    OpCapability("aten.unsqueeze_copy.default", _F, _rank, "Reshape"),
+    OpCapability("aten.expand_copy.default", _F, _expand, "Reshape; only when the shape does not change"),
+    OpCapability("aten.permute_copy.default", _F, _rank, "Transpose"),
+    OpCapability("aten.cat.default", _F, _static, "Concat"),
+    OpCapability("aten.constant_pad_nd.default", _F, _pad, "Pad (constant); non-negative padding"),
+    OpCapability("aten.clone.default", _F, _rank, "Reshape (a copy)"),
+    OpCapability("aten.select_copy.int", _F, _rank, "StridedSlice + Reshape"),
+    OpCapability("aten.slice_copy.Tensor", _F, _slice, "StridedSlice; step >= 1"),
+)
+
+_QIO = ("float32", "uint8", "int8", "float64", "int32", "int64")
+
+
+def _full_range(node: Any) -> str | None:
+    import torch
+
+    ranges = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
+    qmin, qmax, dtype = (node.args[3:6] if "per_channel" not in str(node.target) else node.args[4:7])
+    if ranges.get(dtype) != (int(qmin), int(qmax)) and not (dtype == torch.int8 and "per_channel" in str(
+            node.target)):
+        return f"quantization range [{qmin}, {qmax}] of {dtype}: full-range uint8 or int8 only"
+    return None
+
+
+_QUANT = (
+    OpCapability("quantized_decomposed.quantize_per_tensor.default", _QIO, _full_range,
+                 "Quantize (or nothing, after an op that runs quantized)"),
+    OpCapability("quantized_decomposed.dequantize_per_tensor.default", _QIO, _full_range,
+                 "no operator for quantized consumers; Dequantize for float ones"),
+    OpCapability("quantized_decomposed.dequantize_per_channel.default", _QIO, _full_range,
+                 "int8 per-channel weights of conv / linear (QNN per-axis)"),
+)
+QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
+#: the float table plus pt2e's quantize / dequantize nodes (what the partitioner uses)
+ALL_CAPABILITIES = CapabilityTable(_TABLE + _QUANT)
+
+#: weights that must be constants, by op: argument positions
+CONSTANT_ARGS = {"aten.convolution.default": (1, 2), "aten.linear.default": (1, 2),
+                 "aten.native_layer_norm.default": (2, 3),
+                 "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4)}
+
+
+def capabilities() -> CapabilityTable:
+    """The float ops (what the conformance suite checks); quantize/dequantize are in :data:`ALL_CAPABILITIES`."""
+    return CapabilityTable(_TABLE)
