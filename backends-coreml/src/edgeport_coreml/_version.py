@@ -1,0 +1,3 @@
+"""Version of edgeport-coreml (kept in step with pyproject.toml)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,140 @@
+"""``CoreMLBackend``'s capability table: the edge-dialect ops coremltools 9.0's torch frontend converts.
+
+Torch-free: constraints read only ``node.args`` / ``node.kwargs`` and ``meta["val"]``. Every row is checked by
+lowering one-op programs (edgeport's conformance cases, several shapes and arguments per op) through
+``coremltools.convert(..., convert_to="mlprogram")`` -- the slow ``backends-coreml/tests/test_conformance.py``;
+the partitioner also asks coremltools' ``is_torch_fx_node_supported`` for each node, so a row never claims more
+than the frontend has. Float32 tensors only: with float16 graph inputs coremltools 9.0 mixes fp16 tensors with
+fp32 scalars and fails (``addmm``, ``leaky_relu``, ``hardtanh``); fp16 *compute* is the compile spec
+``compute_precision="float16"``, with float32 inputs and outputs. Restrictions
+follow what the frontend (or ExecuTorch's ``CoreMLPartitioner``) refuses: ``add``/``sub`` with ``alpha != 1``,
+``argmax``/``argmin`` over the flattened input, ``max_pool2d_with_indices`` whose indices are used, batch norm's
+saved statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.node_helpers import node_arg as arg
+from edgeport.node_helpers import node_shape as shape_of
+from edgeport.node_helpers import node_value
+
+_F = ("float32",)
+_FB = ("float32", "bool")
+_MAX_RANK = 5
+
+
+def _rank(node: Any) -> str | None:
+    for n in [node, *getattr(node, "all_input_nodes", [])]:
+        s = shape_of(n)
+        if s is not None and len(s) > _MAX_RANK:
+            return f"rank {len(s)} > {_MAX_RANK} (Core ML tensors have rank 5 at most)"
+    return None
+
+
+def _alpha(node: Any) -> str | None:
+    return "alpha != 1 (coremltools has no scaled add/sub)" if arg(node, 2, "alpha", 1) != 1 else _rank(node)
+
+
+def _float_input(node: Any) -> str | None:
+    val = node_value(node.args[0]) if node.args else None
+    dtype = str(getattr(val, "dtype", "")).removeprefix("torch.")
+    if dtype != "float32":
+        return f"input dtype {dtype or 'unknown'}: Core ML pooling takes float tensors only"
+    return _values_only(node)
+
+
+def _values_only(node: Any) -> str | None:
+    used = sorted({int(u.args[1]) for u in getattr(node, "users", {}) if len(getattr(u, "args", ())) > 1})
+    if any(i != 0 for i in used):
+        return f"outputs {used} are used; only the first (the values) converts"
+    return _rank(node)
+
+
+def _conv(node: Any) -> str | None:
+    w = shape_of(node.args[1])
+    if w is None or len(w) not in (3, 4, 5):
+        return "only 1-D, 2-D and 3-D convolutions with static weight shapes"
+    return _rank(node)
+
+
+def _softmax(node: Any) -> str | None:
+    return "half_to_float=True" if arg(node, 2, "half_to_float", False) else _rank(node)
+
+
+_TABLE = (
+    OpCapability("aten.convolution.default", _F, _conv, "conv / conv_transpose"),
+    OpCapability("aten.linear.default", _F, _rank, "linear"),
+    OpCapability("aten.addmm.default", _F, _rank, "linear (bias + mat1 @ mat2)"),
+    OpCapability("aten.mm.default", _F, _rank, "matmul"),
+    OpCapability("aten.bmm.default", _F, _rank, "matmul"),
+    OpCapability("aten.add.Tensor", _F, _alpha, "add"),
+    OpCapability("aten.sub.Tensor", _F, _alpha, "sub"),
+    OpCapability("aten.mul.Tensor", _F, _rank, "mul"),
+    OpCapability("aten.div.Tensor", _F, _rank, "real_div"),
+    OpCapability("aten.add.Scalar", _F, _alpha, "add"),
+    OpCapability("aten.mul.Scalar", _F, _rank, "mul"),
+    OpCapability("aten.div.Scalar", _F, _rank, "real_div"),
+    OpCapability("aten.maximum.default", _F, _rank, "maximum"),
+    OpCapability("aten.minimum.default", _F, _rank, "minimum"),
+    OpCapability("aten.pow.Tensor_Scalar", _F, _rank, "pow"),
+    OpCapability("aten.relu.default", _F, _rank, "relu"),
+    OpCapability("aten.hardtanh.default", _F, _rank, "clip (integer bounds made float first)"),
+    OpCapability("aten.clamp.default", _F, _rank, "clip (integer bounds made float first)"),
+    OpCapability("aten.sigmoid.default", _F, _rank, "sigmoid"),
+    OpCapability("aten.tanh.default", _F, _rank, "tanh"),
+    OpCapability("aten.hardswish.default", _F, _rank, "x * sigmoid_hard"),
+    OpCapability("aten.hardsigmoid.default", _F, _rank, "sigmoid_hard"),
+    OpCapability("aten.gelu.default", _F, _rank, "gelu (EXACT or TANH_APPROXIMATION)"),
+    OpCapability("aten.leaky_relu.default", _F, _rank, "leaky_relu"),
+    OpCapability("aten.elu.default", _F, _rank, "elu"),
+    OpCapability("aten.exp.default", _F, _rank, "exp"),
+    OpCapability("aten.log.default", _F, _rank, "log"),
+    OpCapability("aten.sqrt.default", _F, _rank, "sqrt"),
+    OpCapability("aten.rsqrt.default", _F, _rank, "rsqrt"),
+    OpCapability("aten.abs.default", _F, _rank, "abs"),
+    OpCapability("aten.neg.default", _F, _rank, "mul by -1"),
+    OpCapability("aten.erf.default", _F, _rank, "erf"),
+    OpCapability("aten.sin.default", _F, _rank, "sin"),
+    OpCapability("aten.cos.default", _F, _rank, "cos"),
+    OpCapability("aten.floor.default", _F, _rank, "floor"),
+    OpCapability("aten.gt.Scalar", _FB, _rank, "greater (bool result)"),
+    OpCapability("aten.lt.Scalar", _FB, _rank, "less (bool result)"),
+    OpCapability("aten.where.self", _FB, _rank, "select"),
+    OpCapability("aten.max_pool2d_with_indices.default", ("float32", "int64"), _float_input,
+                 "max_pool (values only)"),
+    OpCapability("aten.max_pool2d.default", _F, _rank, "max_pool"),
+    OpCapability("aten.avg_pool2d.default", _F, _rank, "avg_pool"),
+    OpCapability("aten._adaptive_avg_pool2d.default", _F, _rank, "avg_pool / reduce_mean"),
+    OpCapability("aten.mean.dim", _F, _rank, "reduce_mean"),
+    OpCapability("aten.sum.dim_IntList", _F, _rank, "reduce_sum"),
+    OpCapability("aten._softmax.default", _F, _softmax, "softmax"),
+    OpCapability("aten._log_softmax.default", _F, _softmax, "softmax + log"),
+    OpCapability("aten.native_layer_norm.default", _F, _values_only, "layer_norm (normalized output only)"),
+    OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _values_only,
+                 "batch_norm (inference statistics)"),
+    OpCapability("aten.view_copy.default", _F, _rank, "reshape"),
+    OpCapability("aten.squeeze_copy.dims", _F, _rank, "squeeze"),
+    OpCapability("aten.squeeze_copy.dim", _F, _rank, "squeeze"),
+    OpCapability("aten.unsqueeze_copy.default", _F, _rank, "expand_dims"),
+    OpCapability("aten.permute_copy.default", _F, _rank, "transpose"),
+    OpCapability("aten.expand_copy.default", _F, _rank, "tile"),
+    OpCapability("aten.clone.default", _F, _rank, "identity"),
+    OpCapability("aten.alias_copy.default", _F, _rank, "identity"),
+    OpCapability("aten.cat.default", _F, _rank, "concat"),
+    OpCapability("aten.slice_copy.Tensor", _F, _rank, "slice_by_index"),
+    OpCapability("aten.constant_pad_nd.default", _F, _rank, "pad (constant)"),
+)
+#: Ops ExecuTorch's CoreMLPartitioner refuses although coremltools claims them (kept out of the table).
+KNOWN_BAD = {
+    "aten.diagonal_copy.default": "coremltools converts it wrongly (ExecuTorch's _UNSUPPORTED_OP_TARGETS)",
+    "aten.acosh.default": "ExecuTorch's _UNSUPPORTED_OP_TARGETS",
+    "aten.asinh.default": "ExecuTorch's _UNSUPPORTED_OP_TARGETS",
+    "aten.rand.default": "random numbers are not reproducible in Core ML",
+}
+
+
+def capabilities() -> CapabilityTable:
+    return CapabilityTable(_TABLE)

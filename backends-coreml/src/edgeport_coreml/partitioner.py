@@ -1,0 +1,105 @@
+"""``CoreMLPartitioner``: the core capability partitioner driven by the Core ML table (ExecuTorch's arguments).
+
+A node is delegated when the table accepts it (op, dtypes, constraint), it is not in
+``skip_ops_for_coreml_delegation``, and coremltools' own ``is_torch_fx_node_supported`` agrees. Every rejected
+node's reason is in :attr:`rejections` after :meth:`partition`. ``lower_full_graph=True`` raises
+``LoweringError`` on the first node (in graph order) that would stay outside Core ML.
+
+``take_over_constant_data`` and ``take_over_mutable_buffer`` are accepted with ExecuTorch's defaults and checks.
+In edgeport weights always end up inside the delegate (a constant the core leaves untagged is duplicated into
+each delegate that reads it), so ``take_over_constant_data=False`` changes nothing; mutated buffers always stay
+outside (Core ML state tensors are not implemented), so ``take_over_mutable_buffer`` has no effect either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, op_name
+from edgeport.aot.partitioner import PartitionResult
+from edgeport.backend import CompileSpec
+from edgeport.errors import LoweringError
+from edgeport_coreml.capabilities import KNOWN_BAD, capabilities
+from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
+
+
+def _frontend_supports(node: torch.fx.Node) -> bool | None:
+    try:
+        from coremltools.converters.mil.frontend.torch import is_torch_fx_node_supported
+    except ImportError:
+        return None
+    try:
+        return bool(is_torch_fx_node_supported(node))
+    except Exception:  # noqa: BLE001 - the probe itself failing means "not supported"
+        return False
+
+
+class CoreMLPartitioner(CapabilityBasedPartitioner):
+    """Delegates what coremltools converts to ``CoreMLBackend``.
+
+    ``compile_specs``: a list of ``CompileSpec`` (``CoreMLBackend.generate_compile_specs(...)``) or a
+    :class:`~edgeport_coreml.options.CoreMLCompileSpec`; ``None`` means ExecuTorch's defaults (all compute
+    units, float16, ``.mlpackage``).
+    """
+
+    def __init__(self, compile_specs: Sequence[CompileSpec] | CoreMLCompileSpec | None = None, *,
+                 skip_ops_for_coreml_delegation: Sequence[str] | None = None, lower_full_graph: bool = False,
+                 take_over_mutable_buffer: bool = True, take_over_constant_data: bool = True,
+                 min_partition_size: int = 1) -> None:
+        if isinstance(compile_specs, CoreMLCompileSpec):
+            options = compile_specs
+        else:
+            options = CoreMLCompileSpec.from_compile_specs(list(compile_specs or []))
+        skip = [str(s) for s in (skip_ops_for_coreml_delegation or [])]
+        if lower_full_graph:
+            if skip:
+                raise ValueError("lower_full_graph=True lowers every node: skip_ops_for_coreml_delegation must be "
+                                 "empty")
+            if not take_over_constant_data or not take_over_mutable_buffer:
+                raise ValueError("lower_full_graph=True needs take_over_constant_data=True and "
+                                 "take_over_mutable_buffer=True")
+        specs = list(compile_specs) if isinstance(compile_specs, (list, tuple)) else options.to_compile_specs()
+        super().__init__(COREML_BACKEND_ID, capabilities(), specs, min_partition_size=min_partition_size,
+                         node_filter=self._filter)
+        self.compile_options = options
+        self.skip_ops_for_coreml_delegation = skip
+        self.lower_full_graph = lower_full_graph
+        self.take_over_mutable_buffer = take_over_mutable_buffer
+        self.take_over_constant_data = take_over_constant_data
+
+    def _filter(self, node: torch.fx.Node) -> bool | str:
+        name = op_name(node.target)
+        short = str(getattr(node.target, "__name__", "")).lower()
+        if name in self.skip_ops_for_coreml_delegation or short in self.skip_ops_for_coreml_delegation:
+            return f"{name}: listed in skip_ops_for_coreml_delegation"
+        if name in KNOWN_BAD:
+            return f"{name}: {KNOWN_BAD[name]}"
+        if _frontend_supports(node) is False:
+            return f"{name}: coremltools' torch frontend has no converter for it"
+        return True
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        result = super().partition(exported_program)
+        if self.lower_full_graph and self.rejections:
+            for node in exported_program.graph.nodes:
+                if node.name in self.rejections:
+                    raise LoweringError(
+                        f"{COREML_BACKEND_ID}: lower_full_graph=True, but {node.name} "
+                        f"({op_name(node.target)}) cannot be lowered: {self.rejections[node.name]}. Pass "
+                        "lower_full_graph=False to run unsupported nodes outside Core ML, or rewrite the model.")
+        if self.lower_full_graph and len(result.partition_tags) > 1:
+            raise LoweringError(f"{COREML_BACKEND_ID}: lower_full_graph=True, but the graph splits into "
+                                f"{len(result.partition_tags)} partitions")
+        return result
+
+    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[Any], Any]:
+        """Keep ``linear``, ``hardswish``, ``hardsigmoid`` and ``gelu`` whole: each is one Core ML op.
+
+        ``max_pool2d`` is not kept whole: it has no out-variant, so a program with portable fallbacks could not
+        carry it; ``max_pool2d_with_indices`` (values only) converts to the same ``max_pool``."""
+        aten = torch.ops.aten
+        return [aten.linear.default, aten.hardswish.default, aten.hardsigmoid.default, aten.gelu.default], None

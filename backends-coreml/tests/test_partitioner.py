@@ -1,0 +1,84 @@
+"""CoreMLPartitioner: what it takes, why it leaves nodes out, ExecuTorch's arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from coreml_models import build
+from torch import nn
+
+from edgeport import get_backend, to_edge, to_edge_transform_and_lower
+from edgeport.errors import LoweringError
+from edgeport_coreml import CoreMLCompileSpec, CoreMLPartitioner
+
+
+class AlphaAdd(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)
+        z = torch.add(y, x, alpha=2.0)  # Core ML has no scaled add
+        return torch.sigmoid(z) * torch.cumsum(x, 1)  # cumsum is not in the table
+
+
+def _partition(model, x, **kw):
+    p = CoreMLPartitioner(**kw)
+    ep = to_edge(torch.export.export(model, (x,))).exported_program()
+    result = p.partition(ep)
+    return p, result
+
+
+def test_rejections_have_reasons():
+    p, result = _partition(AlphaAdd(), torch.randn(2, 4))
+    assert len(result.partition_tags) >= 1
+    reasons = p.rejections
+    assert any("alpha != 1" in why for why in reasons.values()), reasons
+    assert any("aten.cumsum.default is not in the CoreMLBackend capability table" in why
+               for why in reasons.values()), reasons
+
+
+def test_skip_ops():
+    model, x = build("mlp")
+    p, _ = _partition(model, x, skip_ops_for_coreml_delegation=["aten.tanh.default"])
+    assert p.rejections == {"tanh": "listed in skip_ops_for_coreml_delegation"} or \
+        "skip_ops_for_coreml_delegation" in p.rejections["tanh"]
+
+
+def test_lower_full_graph_raises_on_the_first_unsupported_node():
+    with pytest.raises(LoweringError, match=r"lower_full_graph=True, but add .*alpha != 1"):
+        _partition(AlphaAdd(), torch.randn(2, 4), lower_full_graph=True)
+    model, x = build("mlp")
+    p, result = _partition(model, x, lower_full_graph=True)
+    assert len(result.partition_tags) == 1 and not p.rejections
+
+
+def test_executorch_argument_checks():
+    with pytest.raises(ValueError, match="skip_ops_for_coreml_delegation must be empty"):
+        CoreMLPartitioner(lower_full_graph=True, skip_ops_for_coreml_delegation=["aten.mm.default"])
+    with pytest.raises(ValueError, match="take_over_constant_data=True"):
+        CoreMLPartitioner(lower_full_graph=True, take_over_constant_data=False)
+    p = CoreMLPartitioner(CoreMLCompileSpec(compute_precision="float32"))
+    assert {s.key: s.value for s in p.compile_specs}["model_compute_precision"] == b"float32"
+
+
+def test_registry_entry():
+    spec = get_backend("CoreMLBackend")
+    assert spec.distribution == "edgeport-coreml"
+    assert "aten.convolution.default" in spec.capabilities().op_names
+    ok, why = spec.is_available()
+    import sys
+
+    if sys.platform != "darwin":
+        assert not ok and "Core ML runs on macOS 13+/iOS 16+" in why
+    assert isinstance(spec.partitioner(), CoreMLPartitioner)
+
+
+def test_conversion_error_is_a_lowering_error(monkeypatch):
+    """A partition coremltools cannot convert fails lowering with coremltools' reason."""
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    def broken(context, node):
+        raise ValueError("no converter today")
+
+    monkeypatch.setitem(_TORCH_OPS_REGISTRY.name_to_func_mapping, "relu", broken)
+    model, x = build("mlp")
+    with pytest.raises(LoweringError, match="coremltools 9.0 could not convert the partition.*no converter today"):
+        to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[CoreMLPartitioner()])
