@@ -196,3 +196,27 @@ def test_op_table(fresh_plugins, capsys, tmp_path):
     assert "| `aten.mm.default` | float32 |" in doc.read_text()
     assert cli.main(["op-table", "NoSuchBackend"]) == 2
     assert "is not installed" in capsys.readouterr().err
+
+
+def test_doctor_reports_a_platform_bound_backend_without_calling_it_a_problem(capsys):
+    """A backend whose executor runs only on another OS (Core ML) is lowering-only here, not a problem."""
+    import sys as _sys
+
+    from edgeport.backend import BackendSpec
+
+    class _Plugin:
+        @edgeport.hookimpl
+        def edgeport_register_backends(self, registry):
+            registry.add(BackendSpec(backend_id="ElsewhereBackend", version="0", preprocess=lambda *a: None,
+                                     is_available=lambda: (False, "runs on another OS"),
+                                     execution_platforms=("not-" + _sys.platform,)))
+
+    registry.reload_plugins()
+    try:
+        edgeport.register_plugin(_Plugin(), name="elsewhere")
+        cli.main(["doctor"])
+        out = capsys.readouterr().out
+    finally:
+        registry.reload_plugins()
+    line = next(x for x in out.splitlines() if "ElsewhereBackend" in x)
+    assert line.startswith("backend ElsewhereBackend: lowering only on this platform") and "PROBLEM" not in line

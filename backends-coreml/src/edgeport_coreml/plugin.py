@@ -50,6 +50,6 @@ def edgeport_register_backends(registry: Any) -> None:
     registry.add(BackendSpec(
         backend_id=COREML_BACKEND_ID, version=__version__, preprocess=_preprocess, partitioner=_partitioner,
         executor=_executor, capabilities=capabilities, compile_options=CoreMLCompileSpec, describe_blob=_describe,
-        is_available=_available,
+        is_available=_available, execution_platforms=("darwin",),
         description="Apple Core ML: partitions converted to ML programs by coremltools 9.0 and stored as "
                     "ExecuTorch's flattened Core ML model directory; lowers anywhere, executes on macOS 13+/iOS 16+"))

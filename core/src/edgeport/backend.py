@@ -229,6 +229,9 @@ class BackendSpec:
     # When it declares a ``named_data`` parameter it also gets the program's ``key -> memoryview`` lookup.
     describe_blob: Callable[[bytes | memoryview], dict[str, Any]] | None = None
     distribution: str | None = None  # filled in by the registry for entry-point plugins
+    # ``sys.platform`` values the executor can run on; empty: any. Elsewhere the backend still lowers, and
+    # ``edgeport doctor`` reports it as "lowering only on this platform" rather than as a problem.
+    execution_platforms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.backend_id or not isinstance(self.backend_id, str):

@@ -227,6 +227,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ok, reason = _availability(spec)
         if ok:
             print(f"backend {spec.backend_id}: {_status_text(ok, reason)}")
+        elif spec.execution_platforms and sys.platform not in spec.execution_platforms:
+            print(f"backend {spec.backend_id}: lowering only on this platform ({sys.platform}); it executes on "
+                  f"{', '.join(spec.execution_platforms)}: {reason}")
         else:
             problem(f"backend {spec.backend_id} ({spec.distribution or 'script'}) is unavailable: "
                     f"{reason or 'no reason given'}")
