@@ -232,3 +232,62 @@ def test_force_fp16_blobs_are_written_as_executorch_does(device):
     g.values[g.input_ids[0]].value.datatype = VkDataType.FLOAT32
     with pytest.raises(ProgramError, match="all FLOAT32 or all FLOAT16"):
         _init(serialize_blob(g, bytes(parse_blob(blob).constant_bytes)))
+
+
+def _mlp_program():
+    import torch
+
+    from edgeport import to_edge_transform_and_lower
+    from edgeport_vulkan import VulkanPartitioner
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    pte = to_edge_transform_and_lower(torch.export.export(model, (x,)),
+                                      partitioner=[VulkanPartitioner()]).to_executorch().buffer
+    return model, x, pte
+
+
+def test_runtime_option_picks_the_device_by_name():
+    import numpy as np
+    import pytest
+
+    from edgeport.errors import BackendOptionsError, RuntimeExecutionError
+    from edgeport.runtime import Runtime
+    from edgeport_vulkan.device import VulkanDevice
+
+    model, x, pte = _mlp_program()
+    name = VulkanDevice.get().info.name
+    program = Runtime.get().load_program(pte)
+    method = program.load_method("forward", backend_options={"VulkanBackend": {"device": name.split()[0]}})
+    assert name in method.profile.delegates[0].execution
+    np.testing.assert_allclose(method.execute([x.numpy()])[0], model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeExecutionError, match="no-such-gpu"):
+        program.load_method("forward", backend_options={"VulkanBackend": {"device": "no-such-gpu"}})
+    with pytest.raises(BackendOptionsError):
+        program.load_method("forward", backend_options={"VulkanBackend": {"device": 3}})
+
+
+def test_a_driver_error_during_a_run_is_named_and_the_method_stays_usable(monkeypatch):
+    """The driver's errors (device lost, out of memory) cannot be provoked on lavapipe; the translation can."""
+    import numpy as np
+    import pytest
+
+    from edgeport.errors import RuntimeExecutionError
+    from edgeport.runtime import Runtime
+    from edgeport_vulkan import device as vk_device
+
+    model, x, pte = _mlp_program()
+    method = Runtime.get().load_program(pte).load_method("forward")
+    real_run = vk_device.Recording.run
+
+    class DeviceLost(Exception):
+        pass
+
+    def lost(self):
+        raise DeviceLost("VK_ERROR_DEVICE_LOST")
+
+    monkeypatch.setattr(vk_device.Recording, "run", lost)
+    with pytest.raises(RuntimeExecutionError, match="device failed during the run.*VK_ERROR_DEVICE_LOST"):
+        method.execute([x.numpy()])
+    monkeypatch.setattr(vk_device.Recording, "run", real_run)
+    np.testing.assert_allclose(method.execute([x.numpy()])[0], model(x).detach().numpy(), rtol=1e-5, atol=1e-5)

@@ -87,20 +87,29 @@ class VulkanDevice:
     """The process-wide Vulkan compute device; obtain it with :meth:`get`."""
 
     _instance: VulkanDevice | None = None
+    _selected: dict[str, VulkanDevice] = {}
     _init_lock = threading.Lock()
 
     @classmethod
-    def get(cls) -> VulkanDevice:
+    def get(cls, name: str = "") -> VulkanDevice:
         """The shared device (created on first use). Raises :class:`VulkanUnavailableError` if there is none.
 
-        ``EDGEPORT_VULKAN_DEVICE`` (a substring of the device name) overrides the automatic choice.
+        ``name`` (a substring of a device's name, e.g. from ``VulkanRuntimeOptions(device=...)``) picks one device;
+        otherwise ``EDGEPORT_VULKAN_DEVICE`` does, else the automatic choice (a discrete GPU first, lavapipe last).
         """
+        validation = os.environ.get("EDGEPORT_VULKAN_VALIDATION") == "1"
         with cls._init_lock:
+            if name:
+                dev = cls._selected.get(name.lower())
+                if dev is None or dev._closed:
+                    dev = cls._selected[name.lower()] = cls(enable_validation=validation, wanted=name)
+                return dev
             if cls._instance is None or cls._instance._closed:
-                cls._instance = cls(enable_validation=os.environ.get("EDGEPORT_VULKAN_VALIDATION") == "1")
+                cls._instance = cls(enable_validation=validation)
             return cls._instance
 
-    def __init__(self, enable_validation: bool = False) -> None:
+    def __init__(self, enable_validation: bool = False, wanted: str = "") -> None:
+        self._wanted = wanted
         vk = self.vk = _load_vulkan()
         self._closed = True
         self._lock = threading.RLock()
@@ -123,17 +132,17 @@ class VulkanDevice:
         except Exception as exc:
             raise VulkanUnavailableError(f"vkCreateInstance failed: {exc!r}") from exc
         try:
-            self._select_physical_device(api)
+            self._select_physical_device(api, self._wanted)
             self._create_device()
         except BaseException:
             vk.vkDestroyInstance(self.instance, None)
             raise
         self._closed = False
 
-    def _select_physical_device(self, api: int) -> None:
+    def _select_physical_device(self, api: int, wanted: str = "") -> None:
         vk = self.vk
         candidates = []
-        wanted = os.environ.get("EDGEPORT_VULKAN_DEVICE", "").lower()
+        wanted = (wanted or os.environ.get("EDGEPORT_VULKAN_DEVICE", "")).lower()
         for pd in vk.vkEnumeratePhysicalDevices(self.instance):
             props = vk.vkGetPhysicalDeviceProperties(pd)
             if props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
@@ -147,7 +156,7 @@ class VulkanDevice:
             candidates.append((_DEVICE_TYPE_RANK.get(props.deviceType, 9), len(candidates), pd, props, queue, name))
         if not candidates:
             raise VulkanUnavailableError("no compute-capable Vulkan 1.1 physical device"
-                                         + (f" matching EDGEPORT_VULKAN_DEVICE={wanted!r}" if wanted else ""))
+                                         + (f" whose name contains {wanted!r}" if wanted else ""))
         _, _, pd, props, queue, name = min(candidates, key=lambda c: c[:2])
         self.physical_device, self.queue_family = pd, queue
         ffi = vk.ffi

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edgeport.backend import CompileOptions, CompileSpec
+from edgeport.backend import CompileOptions, CompileSpec, RuntimeOptions
 
 BACKEND_ID = "VulkanBackend"
 _BOOL_KEYS = ("force_fp16", "require_dynamic_shapes")
@@ -51,3 +51,19 @@ class VulkanCompileOptions(CompileOptions):
                 raise ValueError(f"unknown compile spec {spec.key!r} for VulkanBackend; known keys: "
                                  f"{list(_BOOL_KEYS + IGNORED_KEYS)}")
         return cls(**values)
+
+
+@dataclass
+class VulkanRuntimeOptions(RuntimeOptions):
+    """Options given at load: ``load_method(name, backend_options={"VulkanBackend": {"device": "llvmpipe"}})``.
+
+    ``device``: a substring of the Vulkan device name to run on (empty: ``EDGEPORT_VULKAN_DEVICE``, else a
+    discrete GPU first and lavapipe last). Which device runs a program is a property of the machine, not of the
+    program, so it is chosen here rather than at lowering.
+    """
+
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or len(self.device) > 256:
+            raise ValueError(f"VulkanRuntimeOptions.device must be a device-name substring, got {self.device!r}")

@@ -11,7 +11,7 @@ from typing import Any
 import edgeport
 from edgeport.backend import BackendSpec, PreprocessResult
 from edgeport_vulkan.capabilities import capabilities
-from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions
+from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions, VulkanRuntimeOptions
 
 _APT = "apt-get install mesa-vulkan-drivers libvulkan1"
 
@@ -60,6 +60,7 @@ def edgeport_register_backends(registry: Any) -> None:
     registry.add(BackendSpec(
         backend_id=BACKEND_ID, version=__version__, preprocess=_preprocess, partitioner=_partitioner,
         executor=_executor, capabilities=capabilities, compile_options=VulkanCompileOptions,
+        runtime_options=VulkanRuntimeOptions,
         describe_blob=_describe, is_available=_available,
         description="Vulkan compute: edgeport's GLSL shader library (SPIR-V) on the raw Vulkan API (lavapipe "
                     "without a GPU); blobs in ExecuTorch's VH00/VkGraph format"))

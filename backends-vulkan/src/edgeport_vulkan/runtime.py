@@ -87,7 +87,7 @@ class VulkanExecutor:
         return _available()
 
     def init(self, processed: memoryview, compile_specs: Sequence[CompileSpec],
-             named_data: Callable[[str], memoryview] | None = None) -> _Handle:
+             named_data: Callable[[str], memoryview] | None = None, runtime_options: Any = None) -> _Handle:
         try:
             options = VulkanCompileOptions.from_compile_specs(compile_specs)
         except ValueError as exc:
@@ -97,7 +97,7 @@ class VulkanExecutor:
         from edgeport_vulkan.device import VulkanDevice, VulkanUnavailableError
 
         try:
-            device = VulkanDevice.get()
+            device = VulkanDevice.get(getattr(runtime_options, "device", "") or "")
         except VulkanUnavailableError as exc:
             raise RuntimeExecutionError(f"{BACKEND_ID}: no Vulkan device: {exc}") from None
         fp16 = options.force_fp16 or plan.fp16
@@ -177,7 +177,14 @@ class VulkanExecutor:
                                             f"{list(plan.dims[vid])}, got {a.dtype} {list(a.shape)}")
             handle.buffers[plan.storage[vid]].write(self._to_device(a, handle.fp16))
         if handle.recording is not None:
-            handle.recording.run()
+            try:
+                handle.recording.run()
+            except (ValueError, RuntimeExecutionError):
+                raise
+            except Exception as exc:  # the driver's error (device lost, out of memory): name it, keep the handle
+                raise RuntimeExecutionError(
+                    f"{BACKEND_ID}: the Vulkan device failed during the run ({type(exc).__name__}: {exc}); the "
+                    "delegate's buffers are intact, so the method can be run again or released") from exc
         dtype = np.float16 if handle.fp16 else np.float32
         results = []
         for i, vid in enumerate(plan.outputs):
