@@ -4,4 +4,9 @@
 if ! "$VENV/bin/python" -c "import edgeport_qnn, importlib.util as u, sys; sys.exit(u.find_spec('onnxruntime_qnn') is None)" >/dev/null 2>&1; then
   $PIP install -e "./backends-qnn[htp]"
 fi
+# Test-only: onnx, to export the ONNX models of backends-qnn/tests/test_ort_oracle.py and bench/qnn.py (the oracle is
+# ONNX Runtime's QNN EP from the same wheel). onnx 1.21.0: newer releases want a newer ml-dtypes than tosa-tools pins (0.5.3).
+if ! "$VENV/bin/python" -c "import onnx" >/dev/null 2>&1; then
+  $PIP install "onnx==1.21.0"
+fi
 "$VENV/bin/pip" check
