@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.node_helpers import int_pair as _pair
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value as _val
@@ -22,11 +23,6 @@ _F = ("float32",)
 _FI = ("float32", "int8")
 _QUANT_IO = ("float32", "int8", "float64", "int32", "int64")
 MAX_DIM = 65535
-
-
-def _pair(v: Any) -> list[int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    return [int(x) for x in v] * (2 if len(v) == 1 else 1)
 
 
 def _static(node: Any) -> str | None:

@@ -10,17 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.node_helpers import int_pair as _pair
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value as _val
 
 _F = ("float32",)
 MAX_RANK = 6
-
-
-def _pair(v: Any) -> list[int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    return [int(x) for x in v] * (2 if len(v) == 1 else 1)
 
 
 def _static(node: Any) -> str | None:

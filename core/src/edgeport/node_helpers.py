@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["node_arg", "node_shape", "node_value"]
+__all__ = ["int_pair", "node_arg", "node_shape", "node_value"]
 
 
 def node_value(node: Any) -> Any:
@@ -30,3 +30,9 @@ def node_shape(node: Any) -> tuple[int, ...] | None:
 def node_arg(node: Any, index: int, name: str, default: Any = None) -> Any:
     """Argument ``index`` of the call, given positionally or as keyword ``name``."""
     return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def int_pair(v: Any) -> list[int]:
+    """A 2-D kernel / stride / padding argument as two ints (torch allows one int for both)."""
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in v] * (2 if len(v) == 1 else 1)

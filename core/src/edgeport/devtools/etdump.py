@@ -60,28 +60,8 @@ class Tensor:
 
 
 @dataclass
-class Int:
-    int_val: int = 0
-
-
-@dataclass
-class Bool:
-    bool_val: bool = False
-
-
-@dataclass
 class Float:
     float_val: float = 0.0
-
-
-@dataclass
-class Double:
-    double_val: float = 0.0
-
-
-@dataclass
-class String:
-    string_val: str = ""
 
 
 @dataclass
@@ -155,6 +135,8 @@ class ETDump:
     run_data: list[RunData] = field(default_factory=list)
 
 
+# Int, Bool, Double and String have the same fields as the program's tables of those names: shared
+Int, Bool, Double, String = S.Int, S.Bool, S.Double, S.String
 _CLASSES: dict[str, type] = {
     "Null": Null, "Tensor": Tensor, "Int": Int, "Bool": Bool, "Float": Float, "Double": Double, "String": String,
     "TensorList": TensorList, "Value": Value, "DebugEvent": DebugEvent, "AllocationEvent": AllocationEvent,
