@@ -220,3 +220,55 @@ def test_doctor_reports_a_platform_bound_backend_without_calling_it_a_problem(ca
         registry.reload_plugins()
     line = next(x for x in out.splitlines() if "ElsewhereBackend" in x)
     assert line.startswith("backend ElsewhereBackend: lowering only on this platform") and "PROBLEM" not in line
+
+
+class WithCommand:
+    """A plugin adding ``edgeport hello NAME [--shout]`` and one whose command cannot be set up."""
+
+    @edgeport.hookimpl
+    def edgeport_register_commands(self, registry):
+        def configure(parser):
+            parser.add_argument("name")
+            parser.add_argument("--shout", action="store_true")
+
+        def run(args):
+            text = f"hello {args.name}"
+            print(text.upper() if args.shout else text)
+            return 3
+
+        def configure_broken(parser):
+            raise RuntimeError("vendor tool missing")
+
+        registry.add(edgeport.CommandSpec("hello", "greet someone", configure, run))
+        registry.add(edgeport.CommandSpec("broken", "never works", configure_broken, run))
+
+
+class ClaimsBuiltin:
+    @edgeport.hookimpl
+    def edgeport_register_commands(self, registry):
+        registry.add(edgeport.CommandSpec("inspect", "steal inspect", lambda p: None, lambda a: 0))
+
+
+def test_plugin_commands_run_and_broken_ones_say_why(capsys, recwarn):
+    registry.reload_plugins()
+    try:
+        edgeport.register_plugin(WithCommand(), name="with-command")
+        assert cli.main(["hello", "ada", "--shout"]) == 3
+        assert capsys.readouterr().out.strip() == "HELLO ADA"
+        assert cli.main(["broken"]) == 2
+        err = capsys.readouterr().err
+        assert "edgeport broken" in err and "vendor tool missing" in err
+        assert cli.main(["backends"]) == 0  # built-in commands unaffected
+    finally:
+        registry.reload_plugins()
+
+
+def test_a_plugin_cannot_take_a_builtin_command_name(capsys, recwarn):
+    registry.reload_plugins()
+    try:
+        edgeport.register_plugin(ClaimsBuiltin(), name="claims-builtin")
+        failures = registry.plugin_errors()
+        assert any("'inspect' is built into edgeport" in f.error for f in failures)
+        assert "steal inspect" not in cli.build_parser().format_help()
+    finally:
+        registry.reload_plugins()

@@ -36,6 +36,8 @@ from edgeport.errors import (
 from edgeport.hookspecs import hookimpl, hookspec
 from edgeport.registry import (
     BackendRegistry,
+    CommandRegistry,
+    CommandSpec,
     KernelRegistry,
     get_backend,
     list_backends,
@@ -80,6 +82,8 @@ __all__ = [
     "BackendRegistry",
     "BackendSpec",
     "CapabilityTable",
+    "CommandRegistry",
+    "CommandSpec",
     "CompileOptions",
     "CompileSpec",
     "DelegationSpec",

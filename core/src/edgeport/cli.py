@@ -337,7 +337,28 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--update", metavar="FILE", help="rewrite the generated block of FILE")
     group.add_argument("--check", metavar="FILE", help="exit 1 when the generated block of FILE is stale")
     p.set_defaults(func=cmd_op_table)
+    _add_plugin_commands(sub)
     return parser
+
+
+def _add_plugin_commands(sub: Any) -> None:
+    """Subcommands from ``edgeport_register_commands`` hooks. One whose ``configure`` raises stays listed, and running
+    it says what went wrong and in which plugin, so a broken plugin never breaks the built-in commands."""
+    for spec in registry.plugin_commands():
+        origin = f" (from {spec.distribution})" if spec.distribution else ""
+        p = sub.add_parser(spec.name, help=spec.help + origin)
+        try:
+            spec.configure(p)
+        except Exception as exc:  # noqa: BLE001 - report, never crash the whole command line
+            problem = f"{type(exc).__name__}: {exc}"
+
+            def broken(_args: argparse.Namespace, name: str = spec.name, why: str = problem) -> int:
+                print(f"edgeport {name}: the plugin{origin} could not set this command up: {why}", file=sys.stderr)
+                return 2
+
+            p.set_defaults(func=broken)
+            continue
+        p.set_defaults(func=spec.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from edgeport.registry import BackendRegistry, KernelRegistry
+    from edgeport.registry import BackendRegistry, CommandRegistry, KernelRegistry
 
 PROJECT_NAME = "edgeport"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -44,4 +44,15 @@ def edgeport_register_kernels(registry: KernelRegistry) -> None:
     arrays included; the kernel writes and returns the outs). A later registration of the same op from another
     library overrides the built-in portable kernel; the runtime reports which library each op came from in the
     method's profile.
+    """
+
+
+@hookspec
+def edgeport_register_commands(registry: CommandRegistry) -> None:
+    """Register subcommands of the ``edgeport`` command line (``edgeport coreml extract ...``).
+
+    Call ``registry.add(CommandSpec(name, help, configure, run))``: ``configure(parser)`` adds the command's
+    arguments (and its own subcommands) to an ``argparse`` parser, ``run(args)`` does the work and returns the exit
+    status. Import heavy modules inside ``run``, not at module import time. A name that a built-in command or
+    another plugin already uses is refused and reported as a plugin failure.
     """

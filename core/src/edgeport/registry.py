@@ -14,6 +14,7 @@ Environment switches:
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 import warnings
@@ -92,6 +93,53 @@ class BackendRegistry:
 
 
 @dataclass(frozen=True)
+class CommandSpec:
+    """A subcommand a plugin adds to the ``edgeport`` command line."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    distribution: str | None = None
+
+
+BUILTIN_COMMANDS = frozenset({"backends", "doctor", "new-backend", "inspect", "op-table", "validate", "lower", "run"})
+
+
+class CommandRegistry:
+    """Collects :class:`CommandSpec` objects from ``edgeport_register_commands`` hooks."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, CommandSpec] = {}
+        self._current_plugin: tuple[str, str | None] = ("<unknown>", None)
+
+    def add(self, spec: CommandSpec) -> None:
+        if not isinstance(spec, CommandSpec):
+            raise TypeError(f"registry.add expects a CommandSpec, got {type(spec).__name__}")
+        plugin, dist = self._current_plugin
+        if not spec.name or not spec.name.replace("-", "").isalnum() or spec.name != spec.name.lower():
+            raise PluginLoadError(f"command name {spec.name!r} must be lowercase letters, digits and '-'")
+        if spec.name in BUILTIN_COMMANDS:
+            raise PluginLoadError(f"command {spec.name!r} is built into edgeport; {dist or plugin} must pick another")
+        if spec.name in self._specs:
+            other = self._specs[spec.name]
+            raise PluginLoadError(
+                f"command {spec.name!r} is registered twice: by {other.distribution or 'a script'} and by "
+                f"{dist or plugin}; uninstall one of them"
+            )
+        self._specs[spec.name] = CommandSpec(spec.name, spec.help, spec.configure, spec.run, spec.distribution or dist)
+
+    def get(self, name: str) -> CommandSpec | None:
+        return self._specs.get(name)
+
+    def __iter__(self) -> Iterator[CommandSpec]:
+        return iter(sorted(self._specs.values(), key=lambda s: s.name))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+@dataclass(frozen=True)
 class KernelEntry:
     op: str
     fn: Callable[..., Any]
@@ -136,6 +184,7 @@ class _PluginHost:
         self._import_failures: list[PluginFailure] = []
         self._backends: BackendRegistry | None = None
         self._kernels: KernelRegistry | None = None
+        self._commands: CommandRegistry | None = None
 
     # -- loading -----------------------------------------------------------------------------------------
     def _load_builtins(self) -> None:
@@ -218,7 +267,9 @@ class _PluginHost:
         self._call_each("edgeport_register_backends", backends)
         kernels = KernelRegistry()
         self._call_each("edgeport_register_kernels", kernels)
-        self._backends, self._kernels = backends, kernels
+        commands = CommandRegistry()
+        self._call_each("edgeport_register_commands", commands)
+        self._backends, self._kernels, self._commands = backends, kernels, commands
 
     @property
     def backends(self) -> BackendRegistry:
@@ -231,6 +282,12 @@ class _PluginHost:
         self.ensure_loaded()
         assert self._kernels is not None
         return self._kernels
+
+    @property
+    def commands(self) -> CommandRegistry:
+        self.ensure_loaded()
+        assert self._commands is not None
+        return self._commands
 
 
 _host = _PluginHost()
@@ -293,6 +350,11 @@ def plugin_errors() -> list[PluginFailure]:
 def kernel_registry() -> KernelRegistry:
     """The runtime kernel registry assembled from every ``edgeport_register_kernels`` hook."""
     return _host.kernels
+
+
+def plugin_commands() -> list[CommandSpec]:
+    """The ``edgeport`` subcommands plugins registered through ``edgeport_register_commands``, sorted by name."""
+    return list(_host.commands)
 
 
 def plugin_manager() -> pluggy.PluginManager:
