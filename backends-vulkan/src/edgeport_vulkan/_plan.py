@@ -46,6 +46,7 @@ class Dispatch:
     values: list[int | float]
     groups: tuple[int, int, int]
     spec: tuple[int, ...] = ()
+    node_id: int = -1  # the OperatorCall's node_id (the delegate debug id of its edge node)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class _Ctx:
         self.plan = Plan({}, {}, {}, [], [], [])
         self._next_synthetic = -1
         self.op = ""
+        self.node_id = -1
         self.unused: set[int] = set()
         self.float_type: int | None = None  # FLOAT32, or FLOAT16 for graphs lowered with force_fp16  # declared auxiliary outputs the shaders never compute
 
@@ -208,7 +210,7 @@ class _Ctx:
         # float push constants are fp32: a double beyond its range (ExecuTorch writes DBL_MAX for "no clamp")
         # becomes an infinity of the same sign
         values = [math.copysign(math.inf, v) if isinstance(v, float) and abs(v) > _F32_MAX else v for v in values]
-        self.plan.dispatches.append(Dispatch(shader, tensors, fmt, values, groups, spec))
+        self.plan.dispatches.append(Dispatch(shader, tensors, fmt, values, groups, spec, self.node_id))
 
     def alias(self, out: int, src: int) -> None:
         src_dims = self.plan.dims[src]
@@ -795,6 +797,7 @@ def plan_graph(graph: VkGraph, constant_bytes: memoryview, named_data: Callable[
     # operators
     for op in graph.chain:
         ctx.op = op.name
+        ctx.node_id = int(op.node_id or 0)
         args = list(op.args)
         if not args:
             raise ctx.fail("no arguments")

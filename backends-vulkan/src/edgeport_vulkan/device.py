@@ -77,6 +77,8 @@ class DeviceInfo:
     max_push_constants_size: int
     max_storage_buffer_range: int
     fp16_storage: bool = False  # storageBuffer16BitAccess (enabled when present): the *_fp16 kernels run
+    timestamp_period_ns: float = 0.0  # nanoseconds per timestamp tick (limits.timestampPeriod)
+    timestamp_valid_bits: int = 0  # of the compute queue family; 0: no timestamp queries on it
 
 
 # (kernel, buffers, push constants, workgroup counts)
@@ -149,15 +151,17 @@ class VulkanDevice:
                 continue
             families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
             queue = next((i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None)
+            bits = families[queue].timestampValidBits if queue is not None else 0
             name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) \
                 else props.deviceName
             if queue is None or (wanted and wanted not in name.lower()):
                 continue
-            candidates.append((_DEVICE_TYPE_RANK.get(props.deviceType, 9), len(candidates), pd, props, queue, name))
+            candidates.append((_DEVICE_TYPE_RANK.get(props.deviceType, 9), len(candidates), pd, props, queue, name,
+                               bits))
         if not candidates:
             raise VulkanUnavailableError("no compute-capable Vulkan 1.1 physical device"
                                          + (f" whose name contains {wanted!r}" if wanted else ""))
-        _, _, pd, props, queue, name = min(candidates, key=lambda c: c[:2])
+        _, _, pd, props, queue, name, bits = min(candidates, key=lambda c: c[:2])
         self.physical_device, self.queue_family = pd, queue
         ffi = vk.ffi
         driver_name = driver_info = ""
@@ -186,6 +190,7 @@ class VulkanDevice:
             max_push_constants_size=lim.maxPushConstantsSize,
             max_storage_buffer_range=lim.maxStorageBufferRange,
             fp16_storage=bool(s16.storageBuffer16BitAccess),
+            timestamp_period_ns=float(lim.timestampPeriod), timestamp_valid_bits=int(bits),
         )
         mem = vk.vkGetPhysicalDeviceMemoryProperties(self.physical_device)
         self._memory_types = [mem.memoryTypes[i].propertyFlags for i in range(mem.memoryTypeCount)]
@@ -303,15 +308,19 @@ class VulkanDevice:
             finally:
                 vk.vkResetDescriptorPool(dev, self._descriptor_pool, 0)
 
-    def record(self, dispatches: Sequence[Dispatch]) -> Recording:
+    def record(self, dispatches: Sequence[Dispatch], timestamps: bool = False) -> Recording:
         """Records the dispatches once (with compute->compute barriers between them) into a command buffer of
-        their own; :meth:`Recording.run` submits it and waits, as often as needed. Buffers must outlive it."""
+        their own; :meth:`Recording.run` submits it and waits, as often as needed. Buffers must outlive it.
+        ``timestamps``: also write a GPU timestamp before and after each dispatch (read with
+        :meth:`Recording.dispatch_times`); needs a queue with timestamp support."""
         self._check_open()
         if not dispatches:
             raise ValueError("record() needs at least one dispatch")
+        if timestamps and not (self.info.timestamp_valid_bits and self.info.timestamp_period_ns > 0):
+            raise ValueError(f"{self.info.name} has no timestamp queries on its compute queue")
         for d in dispatches:
             self._validate(*d)
-        return Recording(self, dispatches)
+        return Recording(self, dispatches, timestamps)
 
     def _validate(self, kernel: Kernel, buffers: Sequence[Buffer], pc: bytes, groups: tuple[int, int, int]) -> None:
         if not isinstance(kernel, Kernel) or self._kernels.get((kernel.name, kernel.spec)) is not kernel:
@@ -368,12 +377,17 @@ def pack(fmt: str, *values: int | float) -> bytes:
 class Recording:
     """A command buffer recorded once by :meth:`VulkanDevice.record`; :meth:`run` submits it and waits."""
 
-    def __init__(self, device: VulkanDevice, dispatches: Sequence[Dispatch]) -> None:
+    def __init__(self, device: VulkanDevice, dispatches: Sequence[Dispatch], timestamps: bool = False) -> None:
         vk = device.vk
         self.device = device
         self._closed = True
+        self._queries = None
+        self._n = len(dispatches)
         dev = device.handle
         with device._lock:
+            if timestamps:
+                self._queries = vk.vkCreateQueryPool(dev, vk.VkQueryPoolCreateInfo(
+                    queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=2 * self._n), None)
             self._pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
                 maxSets=len(dispatches), poolSizeCount=1,
                 pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -402,6 +416,9 @@ class Recording:
             for n, (_, bufs, _, _) in enumerate(dispatches) for i, b in enumerate(bufs)]
         vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=0))
+        queries = self._queries
+        if queries is not None:
+            vk.vkCmdResetQueryPool(cmd, queries, 0, 2 * self._n)
         barrier = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
                                      dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
         for n, (kernel, _, pc, groups) in enumerate(dispatches):
@@ -414,7 +431,11 @@ class Recording:
             if pc:
                 vk.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(pc),
                                       vk.ffi.from_buffer(pc))
+            if queries is not None:  # after the barrier: the time of this dispatch alone
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 2 * n)
             vk.vkCmdDispatch(cmd, *groups)
+            if queries is not None:
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 2 * n + 1)
         host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
                                 [host], 0, None, 0, None)
@@ -434,6 +455,27 @@ class Recording:
                              self._fence)
             vk.vkWaitForFences(device.handle, 1, [self._fence], vk.VK_TRUE, _FENCE_TIMEOUT_NS)
 
+    def dispatch_times(self) -> list[tuple[float, float]]:
+        """Per dispatch of the last :meth:`run`, (start, end) in nanoseconds of the device's clock, from the first
+        dispatch's start. Needs a recording made with ``timestamps=True``."""
+        if self._queries is None:
+            raise ValueError("the recording was made without timestamps")
+        vk = self.device.vk
+        n = 2 * self._n
+        data = vk.ffi.new("uint64_t[]", n)
+        with self.device._lock:
+            result = vk.lib.vkGetQueryPoolResults(self.device.handle, self._queries, 0, n, 8 * n, data, 8,
+                                                  vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        if result != vk.VK_SUCCESS:
+            raise ValueError(f"vkGetQueryPoolResults failed ({result})")
+        bits = self.device.info.timestamp_valid_bits
+        mask = (1 << bits) - 1 if bits < 64 else (1 << 64) - 1
+        ticks = [int(data[i]) & mask for i in range(n)]
+        period = self.device.info.timestamp_period_ns
+        t0 = ticks[0]
+        return [(((ticks[2 * i] - t0) & mask) * period, ((ticks[2 * i + 1] - t0) & mask) * period)
+                for i in range(self._n)]
+
     def close(self) -> None:
         """Frees the command buffer, descriptor sets and fence (idempotent; not the buffers)."""
         if self._closed or self.device._closed:
@@ -445,5 +487,8 @@ class Recording:
             vk.vkFreeCommandBuffers(dev, self.device._command_pool, 1, [self._cmd])
             vk.vkDestroyDescriptorPool(dev, self._pool, None)
             vk.vkDestroyFence(dev, self._fence, None)
+            if self._queries is not None:
+                vk.vkDestroyQueryPool(dev, self._queries, None)
+                self._queries = None
             self._closed = True
             self.device._recordings.discard(self)

@@ -74,6 +74,9 @@ class _Handle:
     slots: dict[int, Any] = field(default_factory=dict)  # memory slot -> Buffer (shared by disjoint lifetimes)
     recording: Any = None
     description: str = ""
+    dispatches: list[Any] = field(default_factory=list)  # what ``recording`` holds (a timed copy is made from it)
+    tracer: Any = None  # an ETDump event tracer while the program records one
+    timed: Any = None  # the recording with GPU timestamps, used while ``tracer`` is set
 
 
 class VulkanExecutor:
@@ -148,6 +151,7 @@ class VulkanExecutor:
                 bufs = [h.buffers[plan.storage[t]] for t in d.tensors]
                 dispatches.append((kernel, bufs, pack(d.fmt, *d.values), d.groups))
             h.recording = dev.record(dispatches)
+            h.dispatches = dispatches
 
     @staticmethod
     def _to_device(a: np.ndarray, fp16: bool) -> np.ndarray:
@@ -176,9 +180,15 @@ class VulkanExecutor:
                 raise RuntimeExecutionError(f"{BACKEND_ID}: input {i} must be float32 of shape "
                                             f"{list(plan.dims[vid])}, got {a.dtype} {list(a.shape)}")
             handle.buffers[plan.storage[vid]].write(self._to_device(a, handle.fp16))
+        tracer, timed = handle.tracer, handle.timed
         if handle.recording is not None:
             try:
-                handle.recording.run()
+                if tracer is not None and timed is not None:
+                    submitted = tracer.now_ns()
+                    timed.run()
+                    self._report(handle, tracer, submitted, timed.dispatch_times())
+                else:
+                    handle.recording.run()
             except (ValueError, RuntimeExecutionError):
                 raise
             except Exception as exc:  # the driver's error (device lost, out of memory): name it, keep the handle
@@ -198,10 +208,34 @@ class VulkanExecutor:
                 results.append(data.astype(np.float32, copy=True))
         return results
 
+    def set_event_tracer(self, handle: _Handle, tracer: Any) -> None:
+        """While ``tracer`` is set (the program records an ETDump), runs use a copy of the command buffer with a GPU
+        timestamp query around each dispatch, and each dispatch becomes a delegate sub-event: named by its shader,
+        delegate debug id = its operator's ``node_id`` (the blob's delegate map links that to the edge node).
+        The times are the device's clock placed from the host time of the submit. ``None`` turns it off."""
+        if not isinstance(handle, _Handle):
+            return
+        handle.tracer = tracer
+        if tracer is None or handle.timed is not None or not handle.dispatches:
+            return
+        info = handle.device.info
+        if info.timestamp_valid_bits and info.timestamp_period_ns > 0:
+            handle.timed = handle.device.record(handle.dispatches, timestamps=True)
+
+    @staticmethod
+    def _report(handle: _Handle, tracer: Any, submitted: int, times: list[tuple[float, float]]) -> None:
+        for d, (start, end) in zip(handle.plan.dispatches, times, strict=True):
+            tracer.log_profiling_delegate(d.shader, d.node_id if d.node_id >= 0 else d.shader,
+                                          submitted + int(start), submitted + int(end))
+
     def destroy(self, handle: _Handle) -> None:
         if handle.recording is not None:
             handle.recording.close()
             handle.recording = None
+        if handle.timed is not None:
+            handle.timed.close()
+            handle.timed = None
+        handle.dispatches = []
         for buf in handle.slots.values():
             buf.release()
         handle.slots.clear()

@@ -25,6 +25,7 @@ class NativeStep:
     runtime: native.Runtime
     vids: list[int]
     label: str
+    debug_handles: tuple[int, ...] = ()  # the edge nodes this step carries out (ETDump sub-events name them)
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.runtime.run_list(list(map(env.__getitem__, self.vids)))
@@ -42,6 +43,7 @@ class HostStep:
 
     segment: HostSegment
     label: str
+    debug_handles: tuple[int, ...] = ()
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.segment.run(env)
@@ -61,6 +63,7 @@ class ShuffleStep:
     src: int
     dst: int
     label: str
+    debug_handles: tuple[int, ...] = ()
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.op.run(env[self.src], env[self.dst])
@@ -87,6 +90,7 @@ class XnnpackHandle:
     n_args: int = -1                  # delegate arguments before the outputs (-1: len(inputs))
     arg_slots: tuple[int, ...] | None = None  # the argument of each input, when some argument is not a tensor
     specializer: Specializer | None = None    # plans for other input shapes (see edgeport_xnnpack._specialize)
+    tracer: Any = None  # an ETDump event tracer while the program records one (see XnnpackExecutor.set_event_tracer)
 
     def __post_init__(self) -> None:
         if self.n_args < 0:

@@ -198,6 +198,7 @@ class _Planner:
                     steps.append(self._shuffle(group[0], placed.shuffles[idx[0]], pool))
                 else:
                     steps.append(self._host(group, external))
+                steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
             for step in steps:  # the executor's own buffers are checked once, here
                 if isinstance(step, NativeStep):
                     step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
@@ -414,6 +415,9 @@ class XnnpackExecutor(RuntimeExecutor):
         if handle.arg_slots is not None:  # non-tensor arguments (symbolic sizes) are not read
             inputs = [inputs[k] for k in handle.arg_slots]
         direct = handle.direct
+        tracer = handle.tracer
+        if tracer is not None:
+            direct = None  # step by step, timing each step
         if direct is not None and type(out) is list:
             with self._lock:
                 if not handle.alive:  # destroyed meanwhile (destroy takes this lock)
@@ -438,12 +442,27 @@ class XnnpackExecutor(RuntimeExecutor):
             for (vid, _), r in zip(plan.outputs, results):
                 env[vid] = r
             try:
-                for step in plan.steps:
-                    step.run(env)
+                if tracer is None:
+                    for step in plan.steps:
+                        step.run(env)
+                else:
+                    for k, step in enumerate(plan.steps):
+                        start = tracer.now_ns()
+                        step.run(env)
+                        tracer.log_profiling_delegate(step.label, f"step {k}: {step.label}", start,
+                                                      tracer.now_ns(), debug_handles=step.debug_handles)
             except (native.XnnpackError, ValueError) as exc:
                 label = step.label if step is not None else "?"
                 raise RuntimeExecutionError(f"{BACKEND_ID}: {label} failed: {exc}") from exc
         return results
+
+    def set_event_tracer(self, handle: XnnpackHandle, tracer: Any) -> None:
+        """While ``tracer`` is set (the program records an ETDump), each call reports every step -- a native
+        XNNPACK runtime, a numpy host segment, a channel shuffle -- as a delegate sub-event named by its label
+        (delegate debug id ``"step K: <label>"``), with the debug handles of the edge nodes it carries out. The
+        2022 library has no per-operator profiling, so a step is the finest unit timed. ``None`` turns it off."""
+        if isinstance(handle, XnnpackHandle):
+            handle.tracer = tracer
 
     def destroy(self, handle: XnnpackHandle) -> None:
         if not isinstance(handle, XnnpackHandle):

@@ -176,6 +176,11 @@ class RuntimeExecutor:
       (``DelegateInfo.execution``); say so when a reference model or emulator stands in for the hardware;
     * ``num_outputs(handle) -> int`` — how many trailing arguments of the delegate call are outputs (otherwise
       the runtime infers it from what the program defines);
+    * ``set_event_tracer(handle, tracer)`` — called after ``init`` when the program records an ETDump
+      (``enable_etdump=True``); during ``execute`` the executor reports the steps it can time with
+      ``tracer.log_profiling_delegate(name, delegate_debug_id, start_ns, end_ns, debug_handles=...)`` (clock:
+      ``tracer.now_ns()``), and they appear as delegate sub-events of the call (see
+      :class:`edgeport.devtools.etdump.DelegateEventTracer`). Without it the call is still timed as a whole;
     * ``thread_safe = True`` — ``execute`` may run concurrently on one handle (otherwise calls are serialized
       under a per-delegate lock);
     * ``execute(handle, inputs, out=outs)`` — destination passing. When ``execute`` declares a parameter named

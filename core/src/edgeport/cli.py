@@ -4,6 +4,9 @@
     edgeport doctor                                 check the installation; every problem comes with its fix
     edgeport new-backend NAME [--dir PATH]          create a backend package from edgeport's template
     edgeport op-table BACKEND_ID [--update FILE]    the op-support table of a backend, from its capability table
+    edgeport inspect PROGRAM.pte                    what a program holds: methods, instructions, delegates, data
+    edgeport validate PROGRAM.pte --reference F     numerical errors per partition against eager PyTorch
+    edgeport <plugin command> ...                   subcommands backends add (edgeport_register_commands)
 
 Environment switches (read when plugins are first loaded):
 
@@ -312,6 +315,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from edgeport.devtools.validate_cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeport", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -337,6 +346,20 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--update", metavar="FILE", help="rewrite the generated block of FILE")
     group.add_argument("--check", metavar="FILE", help="exit 1 when the generated block of FILE is stale")
     p.set_defaults(func=cmd_op_table)
+    p = sub.add_parser("validate", help="compare a .pte run on edgeport's runtime with its model in eager PyTorch, "
+                       "as a whole and per partition (docs/devtools-validate.md)")
+    p.add_argument("program", help="path of the .pte to check")
+    p.add_argument("--reference", required=True, metavar="MODULE:FACTORY",
+                   help="a callable returning (model, example_inputs[, partitioners]) or (edge_manager, "
+                        "example_inputs); MODULE is a dotted module name or a .py file")
+    p.add_argument("--inputs", metavar="FILE.npz", help="inputs to use instead of the factory's example inputs "
+                   "(the arrays in the order they were saved)")
+    p.add_argument("--method", default="forward", help="method to run (default: forward)")
+    p.add_argument("--atol", type=float, help="largest max abs error allowed (default: not checked)")
+    p.add_argument("--rtol", type=float, help="largest max rel error allowed (default: not checked)")
+    p.add_argument("--sqnr-db", type=float, help="smallest SQNR allowed, in dB (default: 25)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_validate)
     _add_plugin_commands(sub)
     return parser
 
@@ -352,8 +375,9 @@ def _add_plugin_commands(sub: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - report, never crash the whole command line
             problem = f"{type(exc).__name__}: {exc}"
 
-            def broken(_args: argparse.Namespace, name: str = spec.name, why: str = problem) -> int:
-                print(f"edgeport {name}: the plugin{origin} could not set this command up: {why}", file=sys.stderr)
+            def broken(_args: argparse.Namespace, name: str = spec.name, why: str = problem,
+                       source: str = origin) -> int:
+                print(f"edgeport {name}: the plugin{source} could not set this command up: {why}", file=sys.stderr)
                 return 2
 
             p.set_defaults(func=broken)

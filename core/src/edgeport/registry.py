@@ -103,7 +103,8 @@ class CommandSpec:
     distribution: str | None = None
 
 
-BUILTIN_COMMANDS = frozenset({"backends", "doctor", "new-backend", "inspect", "op-table", "validate", "lower", "run"})
+BUILTIN_COMMANDS = frozenset({"backends", "doctor", "new-backend", "inspect", "op-table", "validate", "view", "lower",
+                              "run"})
 
 
 class CommandRegistry:

@@ -125,8 +125,10 @@ def _schema(target: Any) -> Any:
     raise LoweringError(f"{target}: no operator schema")
 
 
-def build_vk_graph(ep: ExportedProgram, fp16: bool = False) -> tuple[VkGraph, bytes]:
-    """The ``VkGraph`` of one partition and its constant bytes (``fp16``: FLOAT16 tensors, as ``force_fp16``)."""
+def build_vk_graph(ep: ExportedProgram, fp16: bool = False,
+                   debug_handles: dict[int, tuple[int, ...]] | None = None) -> tuple[VkGraph, bytes]:
+    """The ``VkGraph`` of one partition and its constant bytes (``fp16``: FLOAT16 tensors, as ``force_fp16``).
+    ``debug_handles`` (filled when given): each operator call's ``node_id`` -> its edge node's debug handle."""
     b = _Builder(fp16)
     outputs: list[int] = []
     for node in ep.graph.nodes:
@@ -174,6 +176,9 @@ def build_vk_graph(ep: ExportedProgram, fp16: bool = False) -> tuple[VkGraph, by
             else:
                 b.ids[node] = b.tensor(_fake(node), node.name)
             args.append(b.ids[node])
+            handle = node.meta.get("debug_handle")
+            if debug_handles is not None and isinstance(handle, int):
+                debug_handles[len(b.graph.chain)] = (handle,)
             b.graph.chain.append(OperatorCall(node_id=len(b.graph.chain), name=name, args=args))
         elif node.op == "output":
             for out in node.args[0]:
@@ -188,5 +193,7 @@ def build_vk_graph(ep: ExportedProgram, fp16: bool = False) -> tuple[VkGraph, by
 
 def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
     options = VulkanCompileOptions.from_compile_specs(compile_specs)
-    graph, data = build_vk_graph(edge_program, fp16=options.force_fp16)
-    return PreprocessResult(processed_bytes=serialize_blob(graph, data))
+    handles: dict[int, tuple[int, ...]] = {}
+    graph, data = build_vk_graph(edge_program, fp16=options.force_fp16, debug_handles=handles)
+    # ExecuTorch's delegate map: an operator call's node_id (the id its timing events carry) -> edge node
+    return PreprocessResult(processed_bytes=serialize_blob(graph, data), debug_handle_map=handles or None)

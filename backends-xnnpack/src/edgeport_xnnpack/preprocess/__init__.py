@@ -139,6 +139,8 @@ def lower_graph(ep: ExportedProgram, fold_views: bool = True) -> tuple[GraphBuil
                 raise LoweringError(f"{node.name}: output {index} of {getattr(src, 'name', src)} is not lowered")
             b.set(node, b.env[src])
             continue
+        handle = node.meta.get("debug_handle")
+        b.current_handle = handle if isinstance(handle, int) and 0 < handle < 2**32 else 0
         if quant.lower(node):
             continue
         if _fold_constant(b, node):
@@ -210,4 +212,7 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
     except ValueError as exc:
         raise LoweringError(str(exc)) from exc
     named = move_constants_to_named_data(graph, data, tag)
-    return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map={}, data_store_output=named)
+    # ExecuTorch's delegate map: blob node "node#I" -> the edge node (debug handle) it carries out. The keys are
+    # strings no runtime sub-event id contains ("step K"): ExecuTorch's Inspector also matches keys as substrings.
+    handles = {f"node#{i}": (n.debug_handle,) for i, n in enumerate(graph.nodes) if n.debug_handle}
+    return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map=handles, data_store_output=named)

@@ -72,6 +72,8 @@ class GraphBuilder:
         self._const_ids: dict[tuple[int, str], Val] = {}
         self._aliases: dict[int, list[torch.fx.Node]] = {}
         self._keepalive: list[torch.Tensor] = []
+        #: the debug handle of the edge node being lowered: nodes added meanwhile carry it (0: none)
+        self.current_handle = 0
 
     # -- values -----------------------------------------------------------------------------------------------
     def new_value(self, dims: list[int] | tuple[int, ...], data_index: int = 0) -> int:
@@ -165,9 +167,10 @@ class GraphBuilder:
         return self.new_val(shape, layout if len(shape) == 4 else NCHW)
 
     # -- nodes ------------------------------------------------------------------------------------------------
-    def add(self, kind: str, minmax: tuple[float, float] | None = None, debug_handle: int = 0,
+    def add(self, kind: str, minmax: tuple[float, float] | None = None, debug_handle: int | None = None,
             **fields: Any) -> XNode:
-        node = XNode(kind, fields, debug_handle, minmax)
+        """Append a node; its debug handle is the edge node being lowered (:attr:`current_handle`) unless given."""
+        node = XNode(kind, fields, self.current_handle if debug_handle is None else debug_handle, minmax)
         self.graph.nodes.append(node)
         for o in node.outputs():
             self._producer[o] = len(self.graph.nodes) - 1

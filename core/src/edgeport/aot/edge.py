@@ -13,6 +13,7 @@ from torch.export import ExportedProgram
 from torch.fx import traceback as fx_traceback
 
 from edgeport.aot.config import EdgeCompileConfig, ExecutorchBackendConfig
+from edgeport.aot.debug_handles import assign_debug_handles, handles_by_name, inherit_debug_handles
 from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
 from edgeport.aot.partitioner import Partitioner
 from edgeport.aot.passes.decompositions import edge_decompositions
@@ -113,6 +114,7 @@ def _finish_edge_program(
 ) -> ExportedProgram:
     normalize_edge_ops(ep.graph_module)
     _attach_lowered_modules(ep.graph_module)
+    assign_debug_handles(ep.graph_module)
     if config._check_ir_validity:
         verify_edge_graph(ep.graph_module, method=name, allowed=[*allowed, *config._core_aten_ops_exception_list])
     return ep
@@ -217,14 +219,34 @@ def to_edge(
     programs: Programs,
     constant_methods: dict[str, Any] | None = None,
     compile_config: EdgeCompileConfig | None = None,
+    generate_etrecord: bool = False,
 ) -> EdgeProgramManager:
-    """Convert exported programs to the edge dialect (core ATen, view ops as copies)."""
+    """Convert exported programs to the edge dialect (core ATen, view ops as copies).
+
+    ``generate_etrecord=True`` (ExecuTorch's name) records the exported and the edge programs for an ETRecord:
+    ``get_etrecord()`` on this manager and on what ``to_executorch`` returns."""
     if isinstance(constant_methods, EdgeCompileConfig):
         raise TypeError("to_edge: pass the EdgeCompileConfig as compile_config=, not as constant_methods")
     config = compile_config or EdgeCompileConfig()
     keep = list(config.preserve_ops)
-    edge = {name: _to_edge_program(name, ep, config, keep) for name, ep in _as_dict(programs).items()}
-    return EdgeProgramManager(edge, constant_methods, config)
+    exported = _as_dict(programs)
+    edge = {name: _to_edge_program(name, ep, config, keep) for name, ep in exported.items()}
+    manager = EdgeProgramManager(edge, constant_methods, config)
+    if generate_etrecord:
+        manager._etrecord = _record(exported, edge)
+    return manager
+
+
+def _record(exported: Mapping[str, ExportedProgram], edge: Mapping[str, ExportedProgram]) -> Any:
+    """An ETRecord holding the programs as they are now. Nothing later in the pipeline rewrites a program in
+    place (partitioning and ``to_executorch`` work on copies), so it holds them by reference, without a deep
+    copy; ``tests`` check that ``to_executorch`` leaves them unchanged."""
+    from edgeport.devtools.etrecord import ETRecord
+
+    record = ETRecord()
+    record.add_exported_program(dict(exported))
+    record.add_edge_dialect_program(dict(edge))
+    return record
 
 
 def _partitioners_by_method(
@@ -249,8 +271,12 @@ def to_edge_transform_and_lower(
     partitioner: Sequence[Partitioner] | Mapping[str, Sequence[Partitioner]] | None = None,
     constant_methods: dict[str, Any] | None = None,
     compile_config: EdgeCompileConfig | None = None,
+    generate_etrecord: bool = False,
 ) -> EdgeProgramManager:
     """Decompose (keeping what partitioners ask for), transform, and lower with partitioners in priority order.
+
+    ``generate_etrecord=True`` records the exported programs and the edge programs as partitioners saw them
+    (debug handles assigned, before lowering) for an ETRecord: ``get_etrecord()`` on the result.
 
     A node of an op some partitioner returns from ``ops_to_not_decompose`` stays whole when that partitioner's
     filter is ``None`` or accepts the node; other nodes are decomposed as usual (see
@@ -263,6 +289,7 @@ def to_edge_transform_and_lower(
     relaxed = EdgeCompileConfig(**{**config.__dict__, "_check_ir_validity": False})
     preserved = list(config.preserve_ops)
     edge: dict[str, ExportedProgram] = {}
+    before_lowering: dict[str, ExportedProgram] = {}
     for name, ep in exported.items():
         requests = _keep_requests(name, ep, by_method[name])
         program, listed = _decompose_for_partitioners(name, ep, preserved, requests)
@@ -270,17 +297,25 @@ def to_edge_transform_and_lower(
         if transform_passes:
             passes = transform_passes.get(name, []) if isinstance(transform_passes, Mapping) else transform_passes
             program = transform_program(program, list(passes))
+            assign_debug_handles(program.graph_module)
+        before_lowering[name] = program
         for p in by_method[name]:
             program = partition_and_lower(program, p)
         leftover = any(n.op == "call_function" and n.target in listed
                        for gm in _graph_modules(program.graph_module) for n in gm.graph.nodes)
         if leftover:  # kept whole for a partitioner, but none took it
-            program = _to_edge_program(name, program, relaxed, preserved)
+            previous = handles_by_name(program.graph_module)
+            program = _decompose(name, program, _decomposition_table(preserved))
+            inherit_debug_handles(program.graph_module, previous)
+            program = _finish_edge_program(name, program, relaxed, preserved)
         if config._check_ir_validity:
             verify_edge_graph(program.graph_module, method=name, allowed=[*config.preserve_ops,
                                                                           *config._core_aten_ops_exception_list])
         edge[name] = program
-    return EdgeProgramManager(edge, constant_methods, config)
+    manager = EdgeProgramManager(edge, constant_methods, config)
+    if generate_etrecord:
+        manager._etrecord = _record(exported, before_lowering)
+    return manager
 
 
 class EdgeProgramManager:
@@ -295,6 +330,7 @@ class EdgeProgramManager:
         self._edge_programs = dict(edge_programs)
         self._config_methods = dict(constant_methods or {})
         self.compile_config = compile_config or EdgeCompileConfig()
+        self._etrecord: Any = None
         clash = set(self._edge_programs) & set(self._config_methods)
         if clash:
             raise ExportError(f"names used both as methods and constant methods: {sorted(clash)}")
@@ -341,6 +377,20 @@ class EdgeProgramManager:
         """Convert to out-variants, plan memory, emit and serialize: returns an ``ExecutorchProgramManager``."""
         from edgeport.aot.executorch_manager import ExecutorchProgramManager
 
-        return ExecutorchProgramManager.from_edge_programs(
+        manager = ExecutorchProgramManager.from_edge_programs(
             self._edge_programs, self._config_methods, config or ExecutorchBackendConfig()
         )
+        if self._etrecord is not None:
+            record = self._etrecord.copy()
+            record.add_executorch_program(manager)
+            manager._etrecord = record
+        return manager
+
+    def get_etrecord(self) -> Any:
+        """The ETRecord recorded with ``generate_etrecord=True`` (ExecuTorch's name): the exported and edge
+        programs; the debug maps are added by ``to_executorch`` (call ``get_etrecord()`` on its result to save
+        one the Inspector can use)."""
+        if self._etrecord is None:
+            raise RuntimeError("no ETRecord was recorded: pass generate_etrecord=True to to_edge or "
+                               "to_edge_transform_and_lower")
+        return self._etrecord

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch._ops import OpOverload
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from edgeport.aot.debug_handles import DEBUG_HANDLE, node_handles
 from edgeport.aot.delegate_op import CALL_DELEGATE, lookup_lowered_module
 from edgeport.aot.passes.out_variants import SCALAR_OPS, alloc, executorch_name
 from edgeport.backend import PORTABLE_FALLBACK_SPEC
@@ -98,11 +100,21 @@ class ProgramTables:
         return self.constant_index[key]
 
 
+_FRAME = re.compile(r'File "(.*?)", line (\d+), in (.*?)\n([^\n]*)')
+
+
+def frames_of(stack_trace: str | None) -> list[S.Frame]:
+    """The frames of a node's ``meta["stack_trace"]`` (file, line, function, source line), outermost first."""
+    if not stack_trace:
+        return []
+    return [S.Frame(f, int(line), name, text.strip()) for f, line, name, text in _FRAME.findall(stack_trace)]
+
+
 class MethodEmitter:
     """Emits one method. ``plan`` maps storage-owning nodes to their :class:`PlannedTensor`."""
 
     def __init__(self, name: str, ep: ExportedProgram, plan: dict[torch.fx.Node, PlannedTensor], arena: int,
-                 tables: ProgramTables, fallbacks: dict[str, str] | None = None) -> None:
+                 tables: ProgramTables, fallbacks: dict[str, str] | None = None, emit_stacktrace: bool = False) -> None:
         self.name, self.ep, self.plan, self.arena, self.tables = name, ep, plan, arena, tables
         self.fallbacks = fallbacks or {}  # delegate key -> name of its portable fallback method
         self.values: list[S.EValue] = []
@@ -112,6 +124,13 @@ class MethodEmitter:
         self.delegates: list[S.BackendDelegate] = []
         self.delegate_index: dict[str, int] = {}
         self.node_value: dict[torch.fx.Node, Any] = {}
+        #: ExecuTorch's per-method debug maps (see :mod:`edgeport.aot.debug_handles`), keyed by instruction index
+        self.debug_handle_map: dict[int, int | list[int]] = {}
+        self.delegate_map: dict[int, dict[str, Any]] = {}
+        self.instruction_id_to_num_outs_map: dict[int, int] = {}
+        self._current: torch.fx.Node | None = None
+        #: ``Chain.stacktrace`` (``ExecutorchBackendConfig.emit_stacktrace``): one frame list per instruction
+        self.stacktraces: list[S.FrameList] | None = [] if emit_stacktrace else None
 
     # -- values --------------------------------------------------------------------------------------
     def _add(self, val: Any) -> int:
@@ -204,6 +223,12 @@ class MethodEmitter:
 
     def _kernel(self, name: str, overload: str, args: list[int]) -> None:
         op_index = self._operator(name, overload)
+        handle = self._current.meta.get(DEBUG_HANDLE) if self._current is not None else None
+        if isinstance(handle, int):
+            self.debug_handle_map[len(self.instructions)] = handle
+        if self.stacktraces is not None:
+            trace = self._current.meta.get("stack_trace") if self._current is not None else None
+            self.stacktraces.append(S.FrameList(frames_of(trace)))
         self.instructions.append(S.Instruction(S.KernelCall(op_index, args)))
 
     def _emit_op(self, node: torch.fx.Node) -> None:
@@ -284,6 +309,15 @@ class MethodEmitter:
             out_ids.append(self._tensor_value(user.meta["val"], planned=self.plan[user]))
             self.node_value[user] = out_ids[-1]
         arg_ids = [self._node(i) for i in inputs] + out_ids
+        instruction = len(self.instructions)
+        self.debug_handle_map[instruction] = node_handles(lowered.original_module)
+        self.instruction_id_to_num_outs_map[instruction] = len(lowered.output_metas())
+        self.delegate_map[instruction] = {"name": lowered.backend_id,
+                                          "delegate_map": dict(lowered.meta.get("debug_handle_map") or {})}
+        if self.stacktraces is not None:  # the innermost frame of each node the delegate carries out
+            frames = [f[-1] for n in lowered.original_module.graph.nodes if n.op == "call_function"
+                      if (f := frames_of(n.meta.get("stack_trace")))]
+            self.stacktraces.append(S.FrameList(frames))
         self.instructions.append(S.Instruction(S.DelegateCall(self.delegate_index[key], arg_ids)))
         self.node_value[node] = out_ids
 
@@ -296,6 +330,7 @@ class MethodEmitter:
             if node.op == "placeholder":
                 self._emit_placeholder(node, specs.get(node.name), inputs)
             elif node.op == "call_function":
+                self._current = node
                 if node.target is alloc:
                     self.node_value[node] = self._tensor_value(node.meta["val"], planned=self.plan[node])
                 elif node.target is CALL_DELEGATE:
@@ -324,7 +359,7 @@ class MethodEmitter:
             values=self.values,
             inputs=inputs,
             outputs=outputs,
-            chains=[S.Chain(inputs=[], outputs=[], instructions=self.instructions, stacktrace=None)],
+            chains=[S.Chain(inputs=[], outputs=[], instructions=self.instructions, stacktrace=self.stacktraces)],
             operators=self.operators,
             delegates=self.delegates,
             non_const_buffer_sizes=[0, self.arena],

@@ -142,6 +142,8 @@ class ExecutorchProgramManager:
         self._external_data = {tag: dict(entries) for tag, entries in (external_data or {}).items()}
         self._tensor_data: dict[str, bytes] | None = None
         self._buffer: bytes | None = None
+        self._debug_maps: dict[str, tuple[dict, dict, dict]] = {}
+        self._etrecord: Any = None
 
     @classmethod
     def from_edge_programs(cls, programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
@@ -150,6 +152,7 @@ class ExecutorchProgramManager:
         plans: list[S.ExecutionPlan] = []
         executions: dict[str, ExportedProgram] = {}
         reports = []
+        debug_maps: dict[str, tuple[dict, dict, dict]] = {}
         pending = list(programs.items())
         while pending:
             name, ep = pending.pop(0)
@@ -160,7 +163,10 @@ class ExecutorchProgramManager:
                     pending.append((fallbacks[key], lookup_lowered_module(key).original_module))
             execution = to_execution_program(ep, config)
             planned, memory = plan_method(execution, name, config)
-            plans.append(MethodEmitter(name, execution, planned, memory.arena_bytes, tables, fallbacks).emit())
+            emitter = MethodEmitter(name, execution, planned, memory.arena_bytes, tables, fallbacks,
+                                    emit_stacktrace=config.emit_stacktrace)
+            plans.append(emitter.emit())
+            debug_maps[name] = (emitter.debug_handle_map, emitter.delegate_map, emitter.instruction_id_to_num_outs_map)
             executions[name] = execution
             reports.append(MethodMemoryReport(name, len(memory.offsets), memory.arena_bytes, memory.naive_bytes))
         for name, value in config_methods.items():
@@ -186,7 +192,9 @@ class ExecutorchProgramManager:
                 if key in group:
                     raise SerializationError(f"{tag}.ptd: key {key!r} is both a constant and a backend's named data")
                 group[key] = ("blob", data, alignment)
-        return cls(executions, config_methods, config, program, reports, named.get(None, {}), external)
+        manager = cls(executions, config_methods, config, program, reports, named.get(None, {}), external)
+        manager._debug_maps = debug_maps
+        return manager
 
     @property
     def methods(self) -> set[str]:
@@ -207,6 +215,30 @@ class ExecutorchProgramManager:
             return self._execution_programs[method_name]
         except KeyError:
             raise KeyError(f"no method {method_name!r}; methods: {sorted(self._execution_programs)}") from None
+
+    @property
+    def debug_handle_map(self) -> dict[str, dict[int, int | list[int]]]:
+        """Per method, instruction index -> the debug handle(s) of the edge nodes it carries out (ExecuTorch's
+        map: an int for a kernel, the partition's handles for a delegate call)."""
+        return {m: dict(maps[0]) for m, maps in self._debug_maps.items()}
+
+    @property
+    def delegate_map(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """Per method, delegate-call instruction -> ``{"name": backend id, "delegate_map": the backend's own map
+        from its internal step ids to debug handles}`` (ExecuTorch's map)."""
+        return {m: {i: dict(v) for i, v in maps[1].items()} for m, maps in self._debug_maps.items()}
+
+    @property
+    def instruction_id_to_num_outs_map(self) -> dict[str, dict[int, int]]:
+        """Per method, delegate-call instruction -> its number of outputs (ExecuTorch's map)."""
+        return {m: dict(maps[2]) for m, maps in self._debug_maps.items()}
+
+    def get_etrecord(self) -> Any:
+        """The ETRecord recorded when the program was made with ``generate_etrecord=True`` (ExecuTorch's name)."""
+        if self._etrecord is None:
+            raise RuntimeError("no ETRecord was recorded: pass generate_etrecord=True to to_edge or "
+                               "to_edge_transform_and_lower")
+        return self._etrecord
 
     @property
     def buffer(self) -> bytes:

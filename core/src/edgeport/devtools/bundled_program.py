@@ -158,6 +158,8 @@ class BundledProgram:
         from edgeport.program import load_pte
 
         self.program_bytes = bytes(program.buffer if hasattr(program, "buffer") else program)
+        #: the program manager it was made from (None when made from bytes): an ETRecord takes its debug maps
+        self.executorch_program = program if hasattr(program, "debug_handle_map") else None
         plans = {p.name: p for p in load_pte(self.program_bytes).program.execution_plan}
         self.method_test_suites = list(method_test_suites)
         suites = []

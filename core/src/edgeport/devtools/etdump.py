@@ -21,6 +21,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+import numpy as np
+
 from edgeport.errors import ProgramError
 from edgeport.program import schema as S
 from edgeport.program.flatbuffer_writer import _Writer
@@ -194,15 +196,98 @@ def now_ns() -> int:
     return time.perf_counter_ns()
 
 
+class DelegateEventTracer:
+    """What an executor's ``set_event_tracer(handle, tracer)`` receives while a program records an ETDump.
+
+    During ``execute`` the executor calls :meth:`log_profiling_delegate` once per step it can time (ExecuTorch's
+    ``event_tracer_log_profiling_delegate``); the event lands in the current run, attached to the delegate call
+    being executed. Times are nanoseconds from :meth:`now_ns` (``time.perf_counter_ns``), the clock of every
+    other event of the ETDump."""
+
+    __slots__ = ("_events", "_chain", "_instruction")
+
+    def __init__(self) -> None:
+        self._events: list[tuple] | None = None
+        self._chain = -1
+        self._instruction = -1
+
+    now_ns = staticmethod(time.perf_counter_ns)
+
+    def log_profiling_delegate(self, name: str | None, delegate_debug_id: int | str, start_ns: int, end_ns: int,
+                               metadata: bytes = b"", debug_handles: tuple[int, ...] = ()) -> None:
+        """One timed step of the delegate. ``delegate_debug_id``: an int or a str that the backend's
+        ``PreprocessResult.debug_handle_map`` maps to edge nodes (ExecuTorch's Inspector looks it up there);
+        ``debug_handles``: the edge nodes' handles, when the executor knows them itself (kept in the event's
+        metadata, which edgeport's Inspector reads)."""
+        events = self._events
+        if events is None:
+            return  # not inside a recorded run (e.g. the executor was called directly)
+        if debug_handles:
+            metadata = metadata or ("debug_handles=" + ",".join(map(str, debug_handles))).encode()
+        events.append((_DELEGATE_EVENT, self._chain, self._instruction, int(start_ns), int(end_ns), name,
+                       delegate_debug_id, bytes(metadata)))
+
+
+_DELEGATE_EVENT = "\0delegate"  # marks a delegate sub-event among a run's raw tuples
+_DEBUG_EVENT = "\0debug"  # marks an intermediate output (a DebugEvent) among them
+
+
 class ETDumpRecorder:
     """Collects the event blocks of one program's runs (the runtime calls it; users call ``write``).
 
     Runs are kept as the runtime's raw tuples and turned into ETDump tables only when written, so recording
     costs a clock read and a tuple per instruction."""
 
-    def __init__(self) -> None:
+    def __init__(self, debug_buffer_size: int = 0) -> None:
         self._loading: list[tuple[str, int, int]] = []
-        self._runs: list[list[tuple[str, int, int, int, int]]] = []
+        self._runs: list[list[tuple]] = []
+        #: intermediate outputs: each recorded value's bytes, 16-byte aligned (the debug buffer ExecuTorch writes
+        #: beside its ETDump); recorded only when ``debug_buffer_size`` > 0, up to that many bytes
+        self.debug_buffer_size = max(0, int(debug_buffer_size))
+        self.debug_buffer = bytearray()
+        self.dropped_bytes = 0  # what did not fit: write() warns with the size that would have been needed
+
+    @property
+    def records_outputs(self) -> bool:
+        return self.debug_buffer_size > 0
+
+    def _store(self, array: np.ndarray) -> Tensor | None:
+        data = np.ascontiguousarray(array)
+        start = (len(self.debug_buffer) + 15) // 16 * 16
+        if start + data.nbytes > self.debug_buffer_size:
+            self.dropped_bytes += data.nbytes
+            return None
+        self.debug_buffer.extend(b"\0" * (start - len(self.debug_buffer)))
+        self.debug_buffer.extend(data.tobytes())
+        strides = [st // data.itemsize for st in data.strides] if data.itemsize else []
+        return Tensor(S.scalar_type_from_numpy(data.dtype), list(data.shape), strides, start)
+
+    def output_event(self, events: list[tuple], chain: int, instruction: int, value: Any) -> None:
+        """The value an instruction produced (a kernel's outs, a delegate's outputs), as a debug event of the run
+        (ExecuTorch's intermediate-output logging). Values that are neither arrays, lists of arrays nor scalars
+        are not recorded."""
+        entry = self._value(value)
+        if entry is not None:
+            events.append((_DEBUG_EVENT, chain, instruction, DebugEvent(chain, instruction, entry)))
+
+    def _value(self, value: Any) -> Value | None:
+        if isinstance(value, np.ndarray):
+            t = self._store(value)
+            return None if t is None else Value(ValueType.Tensor, tensor=t)
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
+            if len(value) == 1:
+                return self._value(value[0])
+            tensors = [self._store(v) for v in value]
+            if any(t is None for t in tensors):
+                return None
+            return Value(ValueType.TensorList, tensor_list=TensorList([t for t in tensors if t is not None]))
+        if isinstance(value, (bool, np.bool_)):
+            return Value(ValueType.Bool, bool_value=Bool(bool(value)))
+        if isinstance(value, (int, np.integer)):
+            return Value(ValueType.Int, int_value=Int(int(value)))
+        if isinstance(value, (float, np.floating)):
+            return Value(ValueType.Double, double_value=Double(float(value)))
+        return None
 
     def loading_event(self, name: str, start: int, end: int) -> None:
         self._loading.append((name, start, end))
@@ -220,7 +305,20 @@ class ETDumpRecorder:
                 for n, a, b in self._loading]))
         for run in list(self._runs):
             block = RunData(name="Execute")
-            for name, chain, instr, start, end in run:
+            for event in run:
+                if event[0] == _DEBUG_EVENT:
+                    block.events.append(Event(debug_event=event[3]))
+                    continue
+                if event[0] == _DELEGATE_EVENT:
+                    _, chain, instr, start, end, sub_name, debug_id, metadata = event
+                    is_int = isinstance(debug_id, int)
+                    block.events.append(Event(profile_event=ProfileEvent(
+                        name=sub_name or "", chain_index=chain, instruction_id=instr,
+                        delegate_debug_id_int=debug_id if is_int else -1,
+                        delegate_debug_id_str=None if is_int else str(debug_id),
+                        delegate_debug_metadata=metadata or None, start_time=start, end_time=end)))
+                    continue
+                name, chain, instr, start, end = event
                 if name != "DELEGATE_CALL":
                     block.events.append(Event(profile_event=ProfileEvent(
                         name=f"native_call_{name}", chain_index=chain, instruction_id=instr, start_time=start,
@@ -231,9 +329,19 @@ class ETDumpRecorder:
             blocks.append(block)
         return ETDump(ETDUMP_VERSION, blocks)
 
-    def write(self, path: str) -> None:
+    def write(self, path: str, debug_buffer_path: str | None = None) -> None:
         import os
 
+        if self.dropped_bytes:
+            import warnings
+
+            warnings.warn(f"the debug buffer ({self.debug_buffer_size} bytes) was too small: {self.dropped_bytes} "
+                          "bytes of intermediate outputs were not recorded (their debug events are missing); load "
+                          f"the program with debug_buffer_size >= {len(self.debug_buffer) + self.dropped_bytes + 4096}",
+                          RuntimeWarning, stacklevel=3)
+        if debug_buffer_path is not None:
+            with open(debug_buffer_path, "wb") as f:
+                f.write(self.debug_buffer)
         data = serialize_etdump(self.etdump())
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "wb") as f:

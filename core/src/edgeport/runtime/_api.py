@@ -188,14 +188,13 @@ class Program:
     def write_etdump_result_to_file(self, etdump_path: str | os.PathLike, debug_buffer_path: str | os.PathLike |
                                     None = None) -> None:
         """Write what this program's methods recorded (``enable_etdump=True``) as an ETDump file (ExecuTorch's
-        name and format). ``debug_buffer_path`` gets the debug buffer: empty, since intermediate values are not
-        recorded yet."""
+        name and format). ``debug_buffer_path`` gets the debug buffer: the intermediate outputs recorded when the
+        program was loaded with ``debug_buffer_size`` > 0 (the ETDump's debug events point into it)."""
         if self._etdump is None:
             raise RuntimeError("nothing was recorded: load the program with "
                                "Runtime.get().load_program(..., enable_etdump=True)")
-        self._etdump.write(os.fspath(etdump_path))
-        if debug_buffer_path is not None:
-            Path(debug_buffer_path).write_bytes(b"")
+        self._etdump.write(os.fspath(etdump_path),
+                           None if debug_buffer_path is None else os.fspath(debug_buffer_path))
 
     @property
     def method_names(self) -> set[str]:
@@ -258,6 +257,7 @@ class Program:
             self._etdump.loading_event("Method::init", init_start, end)
             self._etdump.loading_event("Program::load_method", start, end)
             method._runner.recorder = self._etdump
+            method._runner.attach_delegate_tracer(plan)
         return method
 
     def __repr__(self) -> str:
@@ -323,7 +323,8 @@ class Runtime:
 
         ``enable_etdump`` (ExecuTorch's name): every method of the program records a profiling event per kernel
         and delegate call of each execution; ``program.write_etdump_result_to_file(path)`` writes them as ETDump.
-        ``debug_buffer_size`` is accepted for ExecuTorch compatibility (intermediate values are not recorded yet).
+        ``debug_buffer_size`` > 0 also records every kernel's and delegate call's outputs (intermediate outputs) into
+        a debug buffer of up to that many bytes, written by ``write_etdump_result_to_file(..., debug_buffer_path)``.
         """
         source = _read_source(data, mmap, "program")
         loaded = load_pte(source)
@@ -342,7 +343,7 @@ class Runtime:
         if enable_etdump:
             from edgeport.devtools.etdump import ETDumpRecorder
 
-            recorder = ETDumpRecorder()
+            recorder = ETDumpRecorder(debug_buffer_size)
         return Program(loaded, source, self._kernels, etdump=recorder)
 
 

@@ -264,6 +264,7 @@ class ChainCompiler:
         if delegate.kind != "fallback" and delegate.takes_out:
             direct = self._direct_call(executor, handle, lock, in_idx, out_idx, store)
             if direct is not None:
+                direct.out_slots = tuple(out_idx)  # type: ignore[attr-defined]  (ETDump's intermediate outputs)
                 return direct
 
         if delegate.kind == "fallback":
@@ -284,6 +285,7 @@ class ChainCompiler:
         def run_delegate(vals):
             store(vals, call(vals))
 
+        run_delegate.out_slots = tuple(out_idx)  # type: ignore[attr-defined]  (ETDump's intermediate outputs)
         return run_delegate
 
     def _direct_call(self, executor: Any, handle: Any, lock: Any, in_idx: list[int], out_idx: list[int],

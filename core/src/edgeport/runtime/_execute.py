@@ -56,6 +56,8 @@ class MethodRunner:
         self.time_ops = False
         #: an ``edgeport.devtools.etdump.ETDumpRecorder`` when the program was loaded with ``enable_etdump=True``
         self.recorder: Any = None
+        #: an ``edgeport.devtools.etdump.DelegateEventTracer`` given to executors that report sub-events
+        self.delegate_tracer: Any = None
         self._trace_names: list[list[tuple[int, str | None]]] | None = None
         #: output slots; ``_one_output`` is the slot of a method's only output, else -1
         self._outputs = tuple(plan.output_indices)
@@ -183,10 +185,27 @@ class MethodRunner:
             self._trace_names = names
         return self._trace_names
 
+    def attach_delegate_tracer(self, plan: MethodPlan) -> None:
+        """Give every backend delegate whose executor has ``set_event_tracer`` the method's tracer (the program
+        records an ETDump); its sub-events then land inside each recorded run."""
+        from edgeport.devtools.etdump import DelegateEventTracer
+
+        tracer = DelegateEventTracer()
+        for delegate in plan._delegates.items:
+            setter = getattr(delegate.executor, "set_event_tracer", None)
+            if delegate.kind == "backend" and callable(setter):
+                setter(delegate.handle, tracer)
+                self.delegate_tracer = tracer
+
     def _run_traced(self, plan: MethodPlan, vals: list) -> None:
-        """Run every chain, recording one ETDump profiling event per kernel or delegate call (nanoseconds)."""
-        events: list[tuple[str, int, int, int, int]] = []
+        """Run every chain, recording one ETDump profiling event per kernel or delegate call (nanoseconds), and
+        the sub-events executors report through the delegate tracer."""
+        events: list[tuple] = []
         clock = time.perf_counter_ns
+        tracer = self.delegate_tracer
+        if tracer is not None:
+            tracer._events = events
+        outputs = self.recorder.output_event if self.recorder.records_outputs else None
         for ci, ((ops, has_jump, labels), names) in enumerate(zip(plan.chains, self._trace_plan(plan), strict=True)):
             if has_jump:  # control flow: run it, without per-instruction events
                 self._run_with_jumps(ops, labels, vals)
@@ -194,15 +213,24 @@ class MethodRunner:
             i = -1
             try:
                 for i, (fn, get, post) in enumerate(ops):
+                    instr, name = names[i]
+                    if tracer is not None:
+                        tracer._chain, tracer._instruction = ci, instr
                     t = clock()
                     r = fn(*get(vals))
                     if post is not None:
                         post(vals, r)
-                    instr, name = names[i]
                     if name is not None:
                         events.append((name, ci, instr, t, clock()))
+                        if outputs is not None:
+                            slots = getattr(fn, "out_slots", None)  # a delegate call stores into its slots
+                            outputs(events, ci, instr, r if slots is None else [vals[o] for o in slots])
             except Exception as exc:
+                if tracer is not None:
+                    tracer._events = None
                 raise self._wrap(exc, labels, i) from exc
+        if tracer is not None:
+            tracer._events = None
         self.recorder.execution(events)
 
     def _run_with_jumps(self, ops: list[tuple], labels: list[str], vals: list) -> None:
