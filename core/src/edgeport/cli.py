@@ -6,6 +6,7 @@
     edgeport op-table BACKEND_ID [--update FILE]    the op-support table of a backend, from its capability table
     edgeport inspect PROGRAM.pte                    what a program holds: methods, instructions, delegates, data
     edgeport validate PROGRAM.pte --reference F     numerical errors per partition against eager PyTorch
+    edgeport view PROGRAM.pte -o report.html        the graph as an HTML page: partitions, timings, memory
     edgeport <plugin command> ...                   subcommands backends add (edgeport_register_commands)
 
 Environment switches (read when plugins are first loaded):
@@ -360,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sqnr-db", type=float, help="smallest SQNR allowed, in dB (default: 25)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
+    from edgeport.devtools.graph_view import configure_view_command, run_view_command
+
+    p = sub.add_parser("view", help="write a self-contained HTML report of a program's graph: partitions per backend, "
+                       "timings, errors, memory over time (docs/devtools-graph-view.md)")
+    configure_view_command(p)
+    p.set_defaults(func=run_view_command)
     _add_plugin_commands(sub)
     return parser
 
