@@ -60,7 +60,7 @@ def test_bad_options(kwargs, match):
 def test_unknown_and_unimplemented_keys():
     with pytest.raises(ValueError, match="unknown compile spec 'tosa_spec'"):
         CoreMLCompileSpec.from_compile_specs([CompileSpec("tosa_spec", b"TOSA-1.0+INT")])
-    with pytest.raises(ValueError, match="enumerated .* not implemented"):
-        CoreMLCompileSpec.from_compile_specs([CompileSpec("enumerated_shapes", b"{}")])
+    with pytest.raises(ValueError, match="pass pipelines are not implemented"):
+        CoreMLCompileSpec.from_compile_specs([CompileSpec("pass_pipeline", b"[]")])
     with pytest.raises(ValueError, match="not UTF-8"):
         CoreMLCompileSpec.from_compile_specs([CompileSpec("compute_units", b"\xff")])

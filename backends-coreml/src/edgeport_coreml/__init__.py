@@ -15,10 +15,11 @@ from edgeport_coreml.options import (
     generate_compile_specs,
 )
 
-_LAZY = {"CoreMLPartitioner": "edgeport_coreml.partitioner"}
+_LAZY = {"CoreMLPartitioner": "edgeport_coreml.partitioner", "CoreMLQuantizer": "edgeport_coreml.quantizer",
+         "generate_enumerated_shapes_compile_spec": "edgeport_coreml.shapes"}
 
-__all__ = ["COREML_BACKEND_ID", "CoreMLBackend", "CoreMLCompileSpec", "CoreMLPartitioner", "__version__",
-           "generate_compile_specs"]
+__all__ = ["COREML_BACKEND_ID", "CoreMLBackend", "CoreMLCompileSpec", "CoreMLPartitioner", "CoreMLQuantizer",
+           "__version__", "generate_compile_specs", "generate_enumerated_shapes_compile_spec"]
 
 
 def __getattr__(name: str) -> Any:

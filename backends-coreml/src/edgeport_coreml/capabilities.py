@@ -53,6 +53,45 @@ def _values_only(node: Any) -> str | None:
     return _rank(node)
 
 
+_Q_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
+_DQ_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
+_DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+#: pt2e quantization ops: they convert as patterns (coremltools' ``is_torch_fx_node_supported`` says no to them).
+QUANT_OPS = (_Q_TENSOR, _DQ_TENSOR, _DQ_CHANNEL)
+_Q8 = ("torch.int8", "torch.uint8")
+
+
+def _target(node: Any) -> str:
+    t = getattr(node, "target", None)
+    return str(t) if t is not None else ""
+
+
+def _quantize(node: Any) -> str | None:
+    dtype = str(arg(node, 5, "dtype"))
+    if dtype not in _Q8:
+        return f"quantizes to {dtype}: Core ML's quantize op takes int8 / uint8"
+    users = list(getattr(node, "users", {}))
+    if not users or any(_target(u) != _DQ_TENSOR for u in users):
+        return "a quantize whose result is not only dequantized (the delegate would return integer tensors)"
+    return None
+
+
+def _dequantize_tensor(node: Any) -> str | None:
+    if str(arg(node, 5, "dtype")) not in _Q8:
+        return f"dequantizes {arg(node, 5, 'dtype')}: int8 / uint8 only"
+    if _target(node.args[0]) != _Q_TENSOR:
+        return "dequantizes a tensor that no quantize in the graph made (an integer input)"
+    return None
+
+
+def _dequantize_channel(node: Any) -> str | None:
+    if str(arg(node, 6, "dtype")) not in _Q8:
+        return f"dequantizes {arg(node, 6, 'dtype')}: int8 / uint8 only"
+    if any(getattr(a, "op", None) != "placeholder" for a in node.args[:3]):
+        return "per-channel dequantize of a computed tensor: only constant (weight) tensors"
+    return None
+
+
 def _conv(node: Any) -> str | None:
     w = shape_of(node.args[1])
     if w is None or len(w) not in (3, 4, 5):
@@ -126,6 +165,12 @@ _TABLE = (
     OpCapability("aten.cat.default", _F, _rank, "concat"),
     OpCapability("aten.slice_copy.Tensor", _F, _rank, "slice_by_index"),
     OpCapability("aten.constant_pad_nd.default", _F, _rank, "pad (constant)"),
+    OpCapability(_Q_TENSOR, ("float32", "int8", "uint8"), _quantize,
+                 "quantize (pt2e activations; iOS17+); only when every user dequantizes"),
+    OpCapability(_DQ_TENSOR, ("float32", "int8", "uint8"), _dequantize_tensor,
+                 "dequantize (pt2e activations; iOS17+) of a quantize in the same graph"),
+    OpCapability(_DQ_CHANNEL, ("float32", "int8", "uint8", "int64", "int32"), _dequantize_channel,
+                 "constexpr_affine_dequantize / constexpr_blockwise_shift_scale (pt2e weights); constant input only"),
 )
 #: Ops ExecuTorch's CoreMLPartitioner refuses although coremltools claims them (kept out of the table).
 KNOWN_BAD = {

@@ -2,15 +2,13 @@
 directory (``DIR/<method>_<index>/lowered_module/{model.mlpackage, metadata.json, ...}``), ready to open in Xcode
 or load with ``coremltools.models.MLModel``.
 
-edgeport's CLI has no hook for backend subcommands (``edgeport.hookspecs`` registers backends and kernels only),
-so this is a module entry point rather than ``edgeport coreml extract``. Every blob is checked before anything is
+The same command is ``edgeport coreml extract`` (:mod:`edgeport_coreml.cli`). Every blob is checked before anything is
 written; a damaged one fails with exit status 2 and the reason.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,14 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("program", help="the .pte file")
     parser.add_argument("-o", "--output", required=True, help="directory to write the models into")
     args = parser.parse_args(argv)
-    try:
-        written = extract(args.program, args.output)
-    except (OSError, ProgramError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    for item in written:
-        sys.stdout.write(f"{item.method} delegate {item.index}: {item.path}\n")
-    return 0
+    from edgeport_coreml.cli import _extract
+
+    return _extract(args.program, args.output)
 
 
 if __name__ == "__main__":

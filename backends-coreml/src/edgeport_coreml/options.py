@@ -9,8 +9,13 @@ ExecuTorch 1.5.1's ``CoreMLBackend.generate_compile_specs`` writes plain UTF-8 s
 * ``model_compute_precision``: ``coremltools.precision`` value, ``float16`` (the default) or ``float32``;
 * ``model_type``: ``model`` (an ``.mlpackage`` in the blob) or ``compiled_model`` (an ``.mlmodelc``).
 
-ExecuTorch's other keys (``op_linear_quantizer_config``, ``enumerated_shapes``, ``pass_pipeline``,
-``multimethod_weight_sharing_strategy``) are recognised and refused with a reason (not implemented here).
+Weight compression (:mod:`edgeport_coreml.compression`): ``op_linear_quantizer_config`` (ExecuTorch's key, a JSON
+``OpLinearQuantizerConfig``) and ``op_palettizer_config`` (edgeport's, a JSON ``OpPalettizerConfig``).
+
+Enumerated input shapes (:mod:`edgeport_coreml.shapes`): ``enumerated_shapes`` (ExecuTorch's key and JSON).
+
+ExecuTorch's other keys (``pass_pipeline``, ``multimethod_weight_sharing_strategy``) are recognised and refused
+with a reason (not implemented here).
 """
 
 from __future__ import annotations
@@ -20,6 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeport.backend import CompileOptions, CompileSpec
+from edgeport_coreml.compression import (
+    LINEAR_QUANTIZER_KEY,
+    PALETTIZER_KEY,
+    check_compression,
+    decode_config,
+    encode_config,
+)
+from edgeport_coreml.shapes import (
+    ENUMERATED_SHAPES_KEY,
+    EnumeratedShapes,
+    decode_enumerated_shapes,
+    encode_enumerated_shapes,
+)
 
 COREML_BACKEND_ID = "CoreMLBackend"
 
@@ -39,8 +57,6 @@ DEPLOYMENT_TARGETS = {
 #: Core ML model specification version an ML program gets for each deployment-target value.
 SPEC_VERSION_OF_TARGET = {4: 4, 5: 5, 6: 6, 7: 7, 8: 8, 9: 9, 10: 10}
 _NOT_IMPLEMENTED_KEYS = {
-    "op_linear_quantizer_config": "post-conversion weight quantization is not implemented in edgeport-coreml yet",
-    "enumerated_shapes": "enumerated (dynamic) input shapes are not implemented in edgeport-coreml yet",
     "pass_pipeline": "custom coremltools pass pipelines are not implemented in edgeport-coreml yet",
     "multimethod_weight_sharing_strategy": "multifunction (weight-shared) models are not implemented yet",
 }
@@ -88,13 +104,19 @@ class CoreMLCompileSpec(CompileOptions):
     ``minimum_deployment_target``: ``None`` (coremltools' default for ML programs, iOS15 -> raised to iOS16 here
     at conversion), ``"iOS16"``..``"iOS26"``, ``"macOS13"``.. or a ``ct.target`` member;
     ``compute_precision``: ``"float16"`` (ExecuTorch's default: weights and activations in fp16) or
-    ``"float32"``; ``model_type``: ``"model"`` (an ``.mlpackage``) or ``"compiled_model"`` (needs macOS to compile).
+    ``"float32"``; ``model_type``: ``"model"`` (an ``.mlpackage``) or ``"compiled_model"`` (needs macOS to compile);
+    ``op_linear_quantizer_config`` / ``op_palettizer_config``: post-conversion weight compression, a dict of
+    ``coremltools.optimize.coreml.OpLinearQuantizerConfig`` / ``OpPalettizerConfig`` fields (see
+    :mod:`edgeport_coreml.compression`), checked against the deployment target.
     """
 
     compute_unit: str = "all"
     minimum_deployment_target: int | None = None
     compute_precision: str = "float16"
     model_type: str = "model"
+    op_linear_quantizer_config: dict[str, Any] | None = None
+    op_palettizer_config: dict[str, Any] | None = None
+    enumerated_shapes: EnumeratedShapes | None = None
 
     def __post_init__(self) -> None:
         self.compute_unit = _enum_name(self.compute_unit).lower()
@@ -109,6 +131,11 @@ class CoreMLCompileSpec(CompileOptions):
         self.model_type = str(getattr(model_type, "value", model_type)).lower()
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"unknown Core ML model type {model_type!r}; one of {list(MODEL_TYPES)}")
+        if self.op_linear_quantizer_config is not None:
+            encode_config(LINEAR_QUANTIZER_KEY, self.op_linear_quantizer_config)  # checks the fields
+        if self.op_palettizer_config is not None:
+            encode_config(PALETTIZER_KEY, self.op_palettizer_config)
+        check_compression(self.op_linear_quantizer_config, self.op_palettizer_config, self.deployment_target_value)
 
     @property
     def deployment_target_value(self) -> int:
@@ -117,12 +144,20 @@ class CoreMLCompileSpec(CompileOptions):
 
     def to_compile_specs(self) -> list[CompileSpec]:
         target = b"" if self.minimum_deployment_target is None else str(self.minimum_deployment_target).encode()
-        return [
+        specs = [
             CompileSpec("compute_units", self.compute_unit.encode()),
             CompileSpec("min_deployment_target", target),
             CompileSpec("model_compute_precision", self.compute_precision.encode()),
             CompileSpec("model_type", self.model_type.encode()),
         ]
+        if self.op_linear_quantizer_config is not None:
+            specs.append(CompileSpec(LINEAR_QUANTIZER_KEY,
+                                     encode_config(LINEAR_QUANTIZER_KEY, self.op_linear_quantizer_config)))
+        if self.op_palettizer_config is not None:
+            specs.append(CompileSpec(PALETTIZER_KEY, encode_config(PALETTIZER_KEY, self.op_palettizer_config)))
+        if self.enumerated_shapes is not None:
+            specs.append(CompileSpec(ENUMERATED_SHAPES_KEY, encode_enumerated_shapes(self.enumerated_shapes)))
+        return specs
 
     @classmethod
     def from_compile_specs(cls, specs: Sequence[CompileSpec]) -> CoreMLCompileSpec:
@@ -134,9 +169,15 @@ class CoreMLCompileSpec(CompileOptions):
                 raise ValueError(f"CoreMLBackend compile spec {spec.key!r}: {_NOT_IMPLEMENTED_KEYS[spec.key]}")
             if spec.key.startswith("edgeport."):
                 continue  # the core's own keys (portable fallback name)
+            if spec.key in (LINEAR_QUANTIZER_KEY, PALETTIZER_KEY):
+                kwargs[spec.key] = decode_config(spec.key, spec.value)
+                continue
+            if spec.key == ENUMERATED_SHAPES_KEY:
+                kwargs["enumerated_shapes"] = decode_enumerated_shapes(spec.value)
+                continue
             if spec.key not in known:
                 raise ValueError(f"unknown compile spec {spec.key!r} for CoreMLBackend; known keys: "
-                                 f"{sorted(known)}")
+                                 f"{sorted(known) + [LINEAR_QUANTIZER_KEY, PALETTIZER_KEY, ENUMERATED_SHAPES_KEY]}")
             try:
                 text = bytes(spec.value).decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -146,10 +187,13 @@ class CoreMLCompileSpec(CompileOptions):
 
 
 def generate_compile_specs(compute_unit: Any = "all", minimum_deployment_target: Any = None,
-                           compute_precision: Any = "float16", model_type: Any = "model") -> list[CompileSpec]:
-    """ExecuTorch's ``CoreMLBackend.generate_compile_specs`` (same arguments, same keys and bytes)."""
-    return CoreMLCompileSpec(compute_unit, minimum_deployment_target, compute_precision,
-                             model_type).to_compile_specs()
+                           compute_precision: Any = "float16", model_type: Any = "model",
+                           op_linear_quantizer_config: dict[str, Any] | None = None, *,
+                           op_palettizer_config: dict[str, Any] | None = None) -> list[CompileSpec]:
+    """ExecuTorch's ``CoreMLBackend.generate_compile_specs`` (same arguments, same keys and bytes), plus
+    ``op_palettizer_config`` (edgeport's)."""
+    return CoreMLCompileSpec(compute_unit, minimum_deployment_target, compute_precision, model_type,
+                             op_linear_quantizer_config, op_palettizer_config).to_compile_specs()
 
 
 class CoreMLBackend:
@@ -157,3 +201,10 @@ class CoreMLBackend:
     edgeport lowers through its registry, by backend id ``"CoreMLBackend"``)."""
 
     generate_compile_specs = staticmethod(generate_compile_specs)
+
+    @staticmethod
+    def generate_enumerated_shapes_compile_spec(ep: Any, enumerated_shapes: Any) -> CompileSpec:
+        """ExecuTorch's name for :func:`edgeport_coreml.shapes.generate_enumerated_shapes_compile_spec`."""
+        from edgeport_coreml.shapes import generate_enumerated_shapes_compile_spec
+
+        return generate_enumerated_shapes_compile_spec(ep, enumerated_shapes)

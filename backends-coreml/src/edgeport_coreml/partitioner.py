@@ -8,7 +8,12 @@ node's reason is in :attr:`rejections` after :meth:`partition`. ``lower_full_gra
 ``take_over_constant_data`` and ``take_over_mutable_buffer`` are accepted with ExecuTorch's defaults and checks.
 In edgeport weights always end up inside the delegate (a constant the core leaves untagged is duplicated into
 each delegate that reads it), so ``take_over_constant_data=False`` changes nothing; mutated buffers always stay
-outside (Core ML state tensors are not implemented), so ``take_over_mutable_buffer`` has no effect either.
+outside (the core never tags them; ``preprocess`` turns them into Core ML state when a whole program is lowered with
+``to_backend``), so ``take_over_mutable_buffer`` has no effect either.
+
+pt2e ``quantize_per_tensor`` / ``dequantize_per_tensor`` / ``dequantize_per_channel`` nodes are claimed by the
+table's own rules (coremltools converts them as patterns and its probe says no); activation quantization needs an
+iOS17+ target, per-channel dequantization constant inputs.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from edgeport.aot.capability_partitioner import CapabilityBasedPartitioner, op_n
 from edgeport.aot.partitioner import PartitionResult
 from edgeport.backend import CompileSpec
 from edgeport.errors import LoweringError
-from edgeport_coreml.capabilities import KNOWN_BAD, capabilities
+from edgeport_coreml.capabilities import KNOWN_BAD, QUANT_OPS, capabilities
 from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
 
 
@@ -70,6 +75,7 @@ class CoreMLPartitioner(CapabilityBasedPartitioner):
         self.lower_full_graph = lower_full_graph
         self.take_over_mutable_buffer = take_over_mutable_buffer
         self.take_over_constant_data = take_over_constant_data
+        self._constants: set[str] = set()
 
     def _filter(self, node: torch.fx.Node) -> bool | str:
         name = op_name(node.target)
@@ -78,11 +84,27 @@ class CoreMLPartitioner(CapabilityBasedPartitioner):
             return f"{name}: listed in skip_ops_for_coreml_delegation"
         if name in KNOWN_BAD:
             return f"{name}: {KNOWN_BAD[name]}"
+        if name in QUANT_OPS:
+            return self._quant_filter(node, name)
         if _frontend_supports(node) is False:
             return f"{name}: coremltools' torch frontend has no converter for it"
         return True
 
+    def _quant_filter(self, node: torch.fx.Node, name: str) -> bool | str:
+        """pt2e quantize / dequantize nodes: converted by coremltools as patterns, checked here."""
+        if name.endswith("dequantize_per_channel.default"):
+            loose = [a.name for a in node.args[:3] if isinstance(a, torch.fx.Node) and a.name not in self._constants]
+            if loose:
+                return f"{name}: {loose} are not constants of the program (Core ML needs constant weights)"
+        elif self.compile_options.deployment_target_value < 8:
+            return (f"{name}: activation quantize / dequantize need minimum_deployment_target iOS17 or newer "
+                    f"(the compile specs ask for value {self.compile_options.deployment_target_value}); with iOS16 "
+                    "use weight-only quantization (CoreMLQuantizer.int8_weight_only())")
+        return True
+
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        sig = exported_program.graph_signature
+        self._constants = {*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants}
         result = super().partition(exported_program)
         if self.lower_full_graph and self.rejections:
             for node in exported_program.graph.nodes:

@@ -4,8 +4,10 @@ ML delegate blob.
 Steps: read the compile specs (:class:`~edgeport_coreml.options.CoreMLCompileSpec`); copy the partition and apply
 :func:`~edgeport_coreml.preprocess.normalize.normalize_for_coremltools`; ``coremltools.convert(program,
 convert_to="mlprogram", minimum_deployment_target=..., compute_precision=..., compute_units=...,
-skip_model_load=True)``; save ``lowered_module/model.mlpackage`` with ``metadata.json`` (input and output names,
-identifier) and, when coremltools wrote a debug-handle mapping, ``debug_info.json``; flatten the directory
+skip_model_load=True)``; compress the weights when the compile specs ask
+(:mod:`~edgeport_coreml.preprocess.compress`). Buffers the program mutates (``buffers_to_mutate``) become
+Core ML state (coremltools does this for iOS18+ targets; older targets are refused). Save
+``lowered_module/model.mlpackage`` with ``metadata.json`` (input and output names, identifier) and, when coremltools wrote a debug-handle mapping, ``debug_info.json``; flatten the directory
 (:mod:`edgeport_coreml.schema.flat_directory`). The identifier is ``executorch_`` + a UUID derived from the
 model's specification and weights (ExecuTorch draws a random one; the runtime caches compiled models under it, so equal ids must
 mean equal models -- content-derived ids keep that and make lowering reproducible).
@@ -31,7 +33,9 @@ from typing import Any
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
-from edgeport_coreml.preprocess.normalize import normalize_for_coremltools
+from edgeport_coreml.preprocess.compress import compress_weights
+from edgeport_coreml.preprocess.inputs import enumerated_inputs
+from edgeport_coreml.preprocess.normalize import match_zero_point_dtypes, normalize_for_coremltools
 from edgeport_coreml.schema.flat_directory import flatten_directory
 
 __all__ = ["convert_partition", "preprocess_coreml", "write_delegate_directory"]
@@ -41,6 +45,7 @@ PACKAGE = "model.mlpackage"
 COMPILED = "model.mlmodelc"
 METADATA = "metadata.json"
 DEBUG_INFO = "debug_info.json"
+_IOS18 = 9
 
 
 def _coremltools() -> Any:
@@ -54,13 +59,16 @@ def convert_partition(edge_program: Any, options: CoreMLCompileSpec) -> Any:
     ct = _coremltools()
     program = copy.deepcopy(edge_program)
     normalize_for_coremltools(program.graph)
+    match_zero_point_dtypes(program)
     program.graph_module.recompile()
+    inputs = enumerated_inputs(program, options)
     log = io.StringIO()
     try:
         with contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
             return ct.convert(
                 program,
                 source="pytorch",
+                inputs=inputs,
                 convert_to="mlprogram",
                 minimum_deployment_target=ct.target(options.deployment_target_value),
                 compute_precision=ct.precision(options.compute_precision),
@@ -151,7 +159,12 @@ def preprocess_coreml(edge_program: Any, compile_specs: Sequence[CompileSpec]) -
             raise LoweringError(f"{COREML_BACKEND_ID}: model_type='compiled_model' compiles the ML program with "
                                 f"the Core ML framework, which is not here ({why}); use model_type='model' (the "
                                 "runtime compiles the package on the device)")
-    mlmodel = convert_partition(edge_program, options)
+    mutated = sorted(set(edge_program.graph_signature.buffers_to_mutate.values()))
+    if mutated and options.deployment_target_value < _IOS18:
+        raise LoweringError(f"{COREML_BACKEND_ID}: the program mutates buffers {mutated}, which become Core ML "
+                            "state; state needs minimum_deployment_target iOS18/macOS15 (value 9) or newer, the "
+                            f"compile specs ask for value {options.deployment_target_value}")
+    mlmodel = compress_weights(convert_partition(edge_program, options), options)
     tmp = Path(tempfile.mkdtemp(prefix="edgeport_coreml_"))
     try:
         model_dir, debug = write_delegate_directory(mlmodel, tmp, options.model_type)

@@ -75,3 +75,40 @@ def normalize_for_coremltools(graph: torch.fx.Graph) -> int:
                 node.kwargs = {k: float(v) if k in keys else v for k, v in node.kwargs.items()}
                 changed += 1
     return changed
+
+
+def match_zero_point_dtypes(program: Any) -> int:
+    """Give constant zero points of ``dequantize_per_channel`` / ``dequantize_per_tensor`` the dtype of the data
+    they dequantize (pt2e stores them as int64; coremltools otherwise inserts an int8 ``cast``, which only iOS17+
+    has, so weight-only quantized graphs failed for iOS16). The values are within the data type's range by
+    construction (they lie in [quant_min, quant_max]); returns how many constants changed. Works in place on
+    ``program`` (an ``ExportedProgram`` copy)."""
+    sig = program.graph_signature
+    where = {**{k: ("state_dict", v) for k, v in sig.inputs_to_parameters.items()},
+             **{k: ("state_dict", v) for k, v in sig.inputs_to_buffers.items()},
+             **{k: ("constants", v) for k, v in sig.inputs_to_lifted_tensor_constants.items()}}
+    changed = 0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or op_name(node.target) not in (
+                "quantized_decomposed.dequantize_per_channel.default",
+                "quantized_decomposed.dequantize_per_tensor.tensor"):
+            continue
+        data, zero_point = node.args[0], node.args[2]
+        if not (isinstance(data, torch.fx.Node) and isinstance(zero_point, torch.fx.Node)
+                and zero_point.name in where):
+            continue
+        dtype = getattr(data.meta.get("val"), "dtype", None)
+        store_name, fqn = where[zero_point.name]
+        store = program.state_dict if store_name == "state_dict" else program.constants
+        tensor = store.get(fqn)
+        if dtype not in (torch.int8, torch.uint8) or tensor is None or tensor.dtype == dtype:
+            continue
+        info = torch.iinfo(dtype)
+        if tensor.numel() and (int(tensor.min()) < info.min or int(tensor.max()) > info.max):
+            continue
+        store[fqn] = tensor.to(dtype)
+        val = zero_point.meta.get("val")
+        if val is not None:
+            zero_point.meta["val"] = val.to(dtype)
+        changed += 1
+    return changed
