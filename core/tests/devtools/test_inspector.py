@@ -205,3 +205,24 @@ def test_a_too_small_debug_buffer_warns_with_the_size_needed(tmp_path):
     program.load_method("forward").execute([a.numpy() for a in _args()])
     with pytest.warns(RuntimeWarning, match="debug_buffer_size >="):
         program.write_etdump_result_to_file(tmp_path / "d.etdp", tmp_path / "d.bin")
+
+
+def test_a_backend_without_sub_events_is_timed_as_a_whole_call(tmp_path):
+    """The example backend's executor has no ``set_event_tracer``: its delegate calls are still profiled."""
+    example = pytest.importorskip("edgeport_example")
+    import edgeport
+
+    ep = torch.export.export(_Block().eval(), (torch.randn(1, 3, 8, 8),))
+    edge = edgeport.to_edge_transform_and_lower(ep, partitioner=[example.ExamplePartitioner()], generate_etrecord=True)
+    et = edge.to_executorch()
+    assert et.delegate_map["forward"], "the example backend should take part of this model"
+    et.get_etrecord().save(tmp_path / "e.etrecord")
+    program = Runtime.get().load_program(et.buffer, enable_etdump=True)
+    program.load_method("forward").execute([np.random.rand(1, 3, 8, 8).astype(np.float32)])
+    program.write_etdump_result_to_file(tmp_path / "e.etdp")
+    inspector = Inspector(tmp_path / "e.etdp", etrecord=tmp_path / "e.etrecord")
+    events = [e for b in inspector.event_blocks if b.name == "Execute" for e in b.events]
+    calls = [e for e in events if e.name == "DELEGATE_CALL"]
+    assert len(calls) == len(et.delegate_map["forward"]) and all(e.perf_data.raw[0] > 0 for e in calls)
+    assert not any(e.is_delegated_op for e in events)
+    assert all(e.delegate_backend_name == "ExampleBackend" and e.op_types for e in calls)

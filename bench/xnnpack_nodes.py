@@ -1,0 +1,197 @@
+"""XNNPACK per node kind: single-node and few-node models, edgeport vs ExecuTorch 1.5.1, 1 and 2 threads.
+
+Each model is one node kind of MobileNetV2 or of the transformer encoder (the conv shape classes of MobileNetV2 --
+the 3x3 stride-2 stem, depthwise 3x3 stride 1 and 2, pointwise expand and project -- its fully-connected head,
+add, hardtanh, mean; the encoder's QKV / FFN fully-connected layers, layer norm, softmax, GELU), exported once and
+lowered twice: ExecuTorch's ``to_edge_transform_and_lower`` + its ``XnnpackPartitioner`` run on
+``executorch.runtime`` (its threadpool reset to N), and edgeport's with ``XnnpackCompileOptions(num_threads=N)`` on
+``edgeport.runtime``. Outputs are checked against eager first. Timing: ``xnnpack_bench.timing.interleaved`` (every
+repetition visits all contenders in a rotated order, a gap before each so worker threads have parked; the warm
+call is reported), per thread count. The ratio column is edgeport / ExecuTorch medians: where it is far from 1,
+that node kind carries the gap. The CPU model and its SIMD flags are printed with the table: AVX2-only and AVX-512
+hosts give different ratios.
+
+    python bench/xnnpack_nodes.py [--reps 60] [--threads 1 2] [--kinds stem dw_s1 ...] [--write-report]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from xnnpack_bench.machine import cpu_model, loadavg, nproc  # noqa: E402
+from xnnpack_bench.timing import interleaved, rel_err  # noqa: E402
+
+REPORT = Path(__file__).resolve().parent / "REPORT.md"
+SECTION = "## XNNPACK per node kind"
+
+
+def _models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:
+    import torch
+    from torch import nn
+
+    def conv(cin: int, cout: int, k: int, s: int, groups: int, hw: int) -> Callable[[], Any]:
+        return lambda: (nn.Sequential(nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False),
+                                      nn.BatchNorm2d(cout), nn.ReLU6()).eval(), (torch.randn(1, cin, hw, hw),))
+
+    class Add(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+    class Mean(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mean(dim=(2, 3))
+
+    class Softmax(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(x, dim=-1)
+
+    return {
+        "stem": ("conv 3x3 s2 3->32, 224x224 (+BN, ReLU6)", conv(3, 32, 3, 2, 1, 224)),
+        "dw_s1": ("depthwise 3x3 s1 C=144, 56x56 (+BN, ReLU6)", conv(144, 144, 3, 1, 144, 56)),
+        "dw_s2": ("depthwise 3x3 s2 C=144, 56x56 (+BN, ReLU6)", conv(144, 144, 3, 2, 144, 56)),
+        "pw_expand": ("pointwise 1x1 24->144, 56x56 (+BN, ReLU6)", conv(24, 144, 1, 1, 1, 56)),
+        "pw_project": ("pointwise 1x1 144->24, 56x56 (+BN)",
+                       lambda: (nn.Sequential(nn.Conv2d(144, 24, 1, bias=False), nn.BatchNorm2d(24)).eval(),
+                                (torch.randn(1, 144, 56, 56),))),
+        "fc_head": ("linear 1280->1000, batch 1", lambda: (nn.Linear(1280, 1000).eval(), (torch.randn(1, 1280),))),
+        "add": ("add 1x24x56x56", lambda: (Add().eval(), (torch.randn(1, 24, 56, 56), torch.randn(1, 24, 56, 56)))),
+        "hardtanh": ("hardtanh 1x144x56x56", lambda: (nn.Hardtanh(0, 6).eval(), (torch.randn(1, 144, 56, 56),))),
+        "mean": ("mean over H,W 1x1280x7x7", lambda: (Mean().eval(), (torch.randn(1, 1280, 7, 7),))),
+        "enc_qkv": ("linear 256->768, 128 tokens", lambda: (nn.Linear(256, 768).eval(), (torch.randn(1, 128, 256),))),
+        "enc_ffn1": ("linear 256->1024 + ReLU, 128 tokens",
+                     lambda: (nn.Sequential(nn.Linear(256, 1024), nn.ReLU()).eval(), (torch.randn(1, 128, 256),))),
+        "enc_ffn2": ("linear 1024->256, 128 tokens",
+                     lambda: (nn.Linear(1024, 256).eval(), (torch.randn(1, 128, 1024),))),
+        "layer_norm": ("layer norm 128x256", lambda: (nn.LayerNorm(256).eval(), (torch.randn(1, 128, 256),))),
+        "softmax": ("softmax 8x128x128", lambda: (Softmax().eval(), (torch.randn(1, 8, 128, 128),))),
+        "gelu": ("GELU 128x1024", lambda: (nn.GELU().eval(), (torch.randn(1, 128, 1024),))),
+    }
+
+
+def _flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                wanted = re.compile(r"^(avx\w*|fma|f16c|amx\w*|sse4_\d)$")
+                return " ".join(f for f in line.split(":", 1)[1].split() if wanted.match(f))
+    except OSError:
+        pass
+    return "n/a"
+
+
+def _lower(model: Any, inputs: tuple[Any, ...], threads: int) -> tuple[bytes, bytes]:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as EtPartitioner
+    from executorch.exir import to_edge_transform_and_lower as et_lower
+
+    import edgeport
+    from edgeport_xnnpack import XnnpackCompileOptions, XnnpackPartitioner
+
+    ep = torch.export.export(model, inputs)
+    et = et_lower(ep, partitioner=[EtPartitioner()]).to_executorch().buffer
+    ours = edgeport.to_edge_transform_and_lower(
+        ep, partitioner=[XnnpackPartitioner(XnnpackCompileOptions(num_threads=threads))]).to_executorch().buffer
+    return et, ours
+
+
+def measure(kind: str, threads: int, reps: int) -> dict[str, Any]:
+    import torch
+    from executorch.extension.pybindings import portable_lib
+    from executorch.runtime import Runtime as EtRuntime
+
+    from edgeport.runtime import Runtime
+
+    torch.manual_seed(0)
+    label, build = _models()[kind]
+    model, inputs = build()
+    et_pte, ep_pte = _lower(model, inputs, threads)
+    if portable_lib._threadpool_get_thread_count() != threads:
+        portable_lib._unsafe_reset_threadpool(threads)
+    et = EtRuntime.get().load_program(et_pte).load_method("forward")
+    ours = Runtime.get().load_program(ep_pte).load_method("forward")
+    x_t, x_np = list(inputs), [t.numpy().copy() for t in inputs]
+    with torch.no_grad():
+        ref = model(*inputs).numpy()
+    errors = (rel_err(et.execute(x_t)[0].numpy(), ref), rel_err(ours.execute(x_np)[0], ref))
+    times = interleaved({"executorch": lambda: et.execute(x_t), "edgeport": lambda: ours.execute(x_np)},
+                        reps=reps, gap_s=0.02, warmup=5)
+    med = {k: statistics.median(v[1]) for k, v in times.items()}
+    return {"kind": kind, "label": label, "threads": threads, "et_ms": med["executorch"] * 1e3,
+            "ep_ms": med["edgeport"] * 1e3, "ratio": med["edgeport"] / med["executorch"],
+            "err_et": errors[0], "err_ep": errors[1]}
+
+
+def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [SECTION, "",
+             f"Measured by `bench/xnnpack_nodes.py` on {now}: {nproc()} CPUs, {cpu_model()} (flags: {_flags()}); "
+             f"load average at the end {loadavg()}. Warm-call medians, edgeport and ExecuTorch interleaved; "
+             "ratio = edgeport / ExecuTorch (below 1: edgeport faster). error = max |out - eager| / max |eager|.", "",
+             "| node kind | model | " + " | ".join(f"ET ms ({t}t) | edgeport ms ({t}t) | ratio ({t}t)" for t in threads)
+             + " | error ET / edgeport |",
+             "|---|---|" + "---:|---:|---:|" * len(threads) + "---|"]
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    for kind in kinds:
+        cells = []
+        err = ""
+        label = ""
+        for t in threads:
+            r = next((r for r in rows if r["kind"] == kind and r["threads"] == t), None)
+            if r is None:
+                cells += ["-", "-", "-"]
+                continue
+            label = r["label"]
+            err = f"{r['err_et']:.1e} / {r['err_ep']:.1e}"
+            cells += [f"{r['et_ms']:.3f}", f"{r['ep_ms']:.3f}", f"**{r['ratio']:.2f}x**" if r["ratio"] > 1.25
+                      else f"{r['ratio']:.2f}x"]
+        lines.append(f"| `{kind}` | {label} | " + " | ".join(cells) + f" | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(body: str) -> None:
+    text = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + body
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        end = len(text) if nxt < 0 else nxt + 1
+        text = text[:start] + body + ("\n" if nxt >= 0 else "") + text[end:]
+    REPORT.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--kinds", nargs="+", default=None, help="node kinds (default: all)")
+    ap.add_argument("--write-report", action="store_true", help="replace this section of bench/REPORT.md")
+    args = ap.parse_args(argv)
+    kinds = args.kinds or list(_models())
+    unknown = sorted(set(kinds) - set(_models()))
+    if unknown:
+        ap.error(f"unknown node kinds {unknown}; known: {', '.join(_models())}")
+    rows = []
+    for t in args.threads:
+        for kind in kinds:
+            rows.append(measure(kind, t, args.reps))
+            r = rows[-1]
+            print(f"{kind:12s} {t}t  ET {r['et_ms']:8.3f} ms  edgeport {r['ep_ms']:8.3f} ms  ratio {r['ratio']:.2f}",
+                  flush=True)
+    body = render(rows, args.threads)
+    print(body)
+    if args.write_report:
+        write_report(body)
+
+
+if __name__ == "__main__":
+    main()
