@@ -114,3 +114,12 @@ def mil_consts(package: Path, spec: Any) -> list[np.ndarray]:
 def mil_ops(spec: Any) -> list[str]:
     return [op.type for f in spec.mlProgram.functions.values() for b in f.block_specializations.values()
             for op in b.operations]
+
+
+def patched_program(program: bytes, blob: bytes) -> bytes:
+    """The program with its delegate blob overwritten in place by a same-length corrupted copy."""
+    at = program.find(blob)
+    assert at > 0
+    damaged = bytearray(blob)
+    damaged[-30:] = bytes(b ^ 0x5A for b in damaged[-30:])
+    return program[:at] + bytes(damaged) + program[at + len(blob):]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from coreml_models import lowered
+from coreml_models import lowered, patched_program
 
 from edgeport.errors import ProgramError
 from edgeport_coreml.describe import describe_coreml_blob
@@ -50,18 +50,9 @@ def test_blob_without_metadata_or_model():
         describe_coreml_blob(bad_spec)
 
 
-def _patched_program(program: bytes, blob: bytes) -> bytes:
-    """The program with its delegate blob overwritten in place by a same-length corrupted copy."""
-    at = program.find(blob)
-    assert at > 0
-    damaged = bytearray(blob)
-    damaged[-30:] = bytes(b ^ 0x5A for b in damaged[-30:])
-    return program[:at] + bytes(damaged) + program[at + len(blob):]
-
-
 def test_extract_refuses_damaged_program(tmp_path, capsys):
     low = lowered("mlp")
-    bad = _patched_program(low.program, low.blob())
+    bad = patched_program(low.program, low.blob())
     with pytest.raises(ProgramError, match="delegate 0: not a valid CoreMLBackend blob"):
         extract(bad, tmp_path / "out")
     assert not (tmp_path / "out").exists()

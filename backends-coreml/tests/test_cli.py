@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from coreml_models import build, lowered
-from test_bad_input import _patched_program
+from coreml_models import build, lowered, patched_program
 
 from edgeport import cli
 from edgeport_coreml.schema.flat_directory import read_flat_directory
@@ -73,7 +72,7 @@ def test_extract_executorch_program(tmp_path, capsys):
 def test_extract_refuses_corrupted_blob_and_non_programs(tmp_path, capsys):
     low = lowered("mlp")
     bad = tmp_path / "bad.pte"
-    bad.write_bytes(_patched_program(low.program, low.blob()))
+    bad.write_bytes(patched_program(low.program, low.blob()))
     assert cli.main(["coreml", "extract", str(bad), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "edgeport coreml extract: error:" in err and "delegate 0: not a valid CoreMLBackend blob" in err

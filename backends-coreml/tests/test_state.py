@@ -1,9 +1,8 @@
 """Mutable buffers become Core ML state (iOS18+): a KV-cache-like buffer written with ``index_put_`` converts to a
 state of the buffer's name and shape, read and written by ``read_state`` / ``write_state``, and the
-buffer's new value is no model output. The partitioner path cannot carry mutated buffers yet (the core never tags
-them and its emitter refuses buffer-mutation outputs), so the whole program is lowered with
-``to_backend(backend_id, edge_program, compile_specs)``, as ExecuTorch's first ``to_backend`` form does. ExecuTorch
-1.5.1's ``CoreMLPartitioner`` (``take_over_mutable_buffer=True``) writes the same state description (oracle)."""
+buffer's new value is no model output -- lowering the whole program with ``to_backend(backend_id, edge_program,
+compile_specs)`` or through ``CoreMLPartitioner`` (``take_over_mutable_buffer=True``: the delegate owns the buffer,
+which leaves the program). ExecuTorch 1.5.1's ``CoreMLPartitioner`` writes the same state description (oracle)."""
 
 from __future__ import annotations
 
@@ -81,3 +80,35 @@ def test_executorch_writes_the_same_state():
     blob = bytes(edge.exported_program().graph_module.lowered_module_0.processed_bytes)
     _spec, theirs = _states(blob)
     assert theirs == _states(_blob())[1]
+
+
+def test_the_partitioner_hands_the_buffer_to_core_ml():
+    """Through ``to_edge_transform_and_lower``: the buffer and its write-back leave the program, the delegate's
+    Core ML model holds it as state, and the program still serializes."""
+    from edgeport import to_edge_transform_and_lower
+    from edgeport_coreml import CoreMLPartitioner
+
+    specs = generate_compile_specs(minimum_deployment_target="iOS18", compute_precision="float32")
+    edge = to_edge_transform_and_lower(_export(), partitioner=[CoreMLPartitioner(compile_specs=specs)])
+    program = edge.exported_program()
+    assert not program.graph_signature.buffers_to_mutate and "k_cache" not in program.state_dict
+    lowered = program.graph_module.lowered_module_0
+    inner = lowered.original_module.graph_signature
+    assert list(inner.buffers_to_mutate.values()) == ["k_cache"]
+    assert len(lowered.output_metas()) == 1  # the user output only
+    _spec, states = _states(bytes(lowered.processed_bytes))
+    assert states == [("k_cache", [1, 8, 16], 65552)]
+    assert edge.to_executorch().buffer  # the program serializes with the delegate owning the state
+
+
+def test_below_ios18_the_buffer_stays_in_the_program():
+    from edgeport import to_edge_transform_and_lower
+    from edgeport_coreml import CoreMLPartitioner
+
+    specs = generate_compile_specs(minimum_deployment_target="iOS17", compute_precision="float32")
+    edge = to_edge_transform_and_lower(_export(), partitioner=[CoreMLPartitioner(compile_specs=specs)])
+    program = edge.exported_program()
+    assert list(program.graph_signature.buffers_to_mutate.values()) == ["k_cache"]
+    for name, child in program.graph_module.named_children():
+        if name.startswith("lowered_module_"):
+            assert not child.original_module.graph_signature.buffers_to_mutate

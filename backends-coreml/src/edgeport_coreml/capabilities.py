@@ -99,12 +99,27 @@ def _conv(node: Any) -> str | None:
     return _rank(node)
 
 
+def _index_put(node: Any) -> str | None:
+    """``index_put`` (a buffer write such as a KV cache update): scatter_nd; no accumulation, tensor indices."""
+    if arg(node, 3, "accumulate", False):
+        return "accumulate=True (Core ML's scatter_nd here overwrites)"
+    indices = node.args[1] if len(node.args) > 1 else []
+    if not indices or any(i is None for i in indices):
+        return "indices with None entries (slices) are not converted"
+    val = getattr(node, "meta", {}).get("val")
+    if val is None or str(val.dtype) != "torch.float32":
+        return "writes a non-float32 tensor (int64 is allowed for the indices only)"
+    return _rank(node)
+
+
 def _softmax(node: Any) -> str | None:
     return "half_to_float=True" if arg(node, 2, "half_to_float", False) else _rank(node)
 
 
 _TABLE = (
     OpCapability("aten.convolution.default", _F, _conv, "conv / conv_transpose"),
+    OpCapability("aten.index_put.default", ("float32", "int64"), _index_put, "scatter_nd (writes into a buffer: Core ML state "
+                 "with take_over_mutable_buffer on iOS18+)"),
     OpCapability("aten.linear.default", _F, _rank, "linear"),
     OpCapability("aten.addmm.default", _F, _rank, "linear (bias + mat1 @ mat2)"),
     OpCapability("aten.mm.default", _F, _rank, "matmul"),

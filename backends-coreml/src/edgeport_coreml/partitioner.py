@@ -7,9 +7,11 @@ node's reason is in :attr:`rejections` after :meth:`partition`. ``lower_full_gra
 
 ``take_over_constant_data`` and ``take_over_mutable_buffer`` are accepted with ExecuTorch's defaults and checks.
 In edgeport weights always end up inside the delegate (a constant the core leaves untagged is duplicated into
-each delegate that reads it), so ``take_over_constant_data=False`` changes nothing; mutated buffers always stay
-outside (the core never tags them; ``preprocess`` turns them into Core ML state when a whole program is lowered with
-``to_backend``), so ``take_over_mutable_buffer`` has no effect either.
+each delegate that reads it), so ``take_over_constant_data=False`` changes nothing. ``take_over_mutable_buffer``
+(default ``True``) hands a mutated buffer to the partition that reads it and computes its new value, when the
+deployment target has Core ML state (iOS18 and newer): the buffer becomes a state of the Core ML model and leaves
+the program (the core's capability partitioner option of the same name). Below iOS18 the buffer stays a program
+buffer, read and written around the delegate.
 
 pt2e ``quantize_per_tensor`` / ``dequantize_per_tensor`` / ``dequantize_per_channel`` nodes are claimed by the
 table's own rules (coremltools converts them as patterns and its probe says no); activation quantization needs an
@@ -73,7 +75,8 @@ class CoreMLPartitioner(CapabilityBasedPartitioner):
         self.compile_options = options
         self.skip_ops_for_coreml_delegation = skip
         self.lower_full_graph = lower_full_graph
-        self.take_over_mutable_buffer = take_over_mutable_buffer
+        #: the core partitioner's switch: only targets with Core ML state can own a buffer
+        self.take_over_mutable_buffer = take_over_mutable_buffer and options.deployment_target_value >= 9
         self.take_over_constant_data = take_over_constant_data
         self._constants: set[str] = set()
 

@@ -51,7 +51,9 @@ Constants
     whose users all lie in one partition get that partition's tag, so the weights go inside the delegate (as
     ExecuTorch does). A constant used by several partitions, or by any non-delegated node, is not tagged: the
     lowering step duplicates it into each delegate that needs it. Such constants are listed in
-    :attr:`CapabilityBasedPartitioner.shared_constants`. Buffers that the program mutates are never tagged.
+    :attr:`CapabilityBasedPartitioner.shared_constants`. Buffers that the program mutates are tagged only with
+    ``take_over_mutable_buffer=True``, and only when one partition reads them and computes their new value: the
+    delegate then owns the state (``to_backend`` moves the buffer and its write-back into the delegate).
     User inputs are never tagged.
 
 Why not ``torch.fx.passes.infra.partitioner.CapabilityBasedPartitioner``
@@ -75,6 +77,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 from torch.fx import Graph, Node
 
 from edgeport.aot.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
@@ -277,8 +280,12 @@ class CapabilityBasedPartitioner(Partitioner):
         *,
         min_partition_size: int = 1,
         node_filter: NodeFilter | None = None,
+        take_over_mutable_buffer: bool = False,
     ) -> None:
         super().__init__()
+        #: tag a mutated buffer when its reads and the node computing its new value all lie in one partition: the
+        #: delegate then owns the state (ExecuTorch's ``take_over_mutable_buffer``; e.g. Core ML state)
+        self.take_over_mutable_buffer = take_over_mutable_buffer
         if min_partition_size < 1:
             raise ValueError(f"min_partition_size must be >= 1, got {min_partition_size}")
         self.backend_id = backend_id
@@ -330,6 +337,8 @@ class CapabilityBasedPartitioner(Partitioner):
     # -- partitioning ---------------------------------------------------------------------------------------
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         tags = self.tag_graph(exported_program.graph, constant_placeholder_names(exported_program))
+        if self.take_over_mutable_buffer:
+            self._tag_mutable_buffers(exported_program)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
     def tag_graph(self, graph: Graph, constant_inputs: Collection[str] = ()) -> dict[str, DelegationSpec]:
@@ -433,3 +442,20 @@ class CapabilityBasedPartitioner(Partitioner):
 
         self.rejections = {n.name: reasons[n] for n in nodes if n in reasons}
         return tags
+
+    @staticmethod
+    def _tag_mutable_buffers(ep: ExportedProgram) -> None:
+        """Give a mutated buffer's placeholder the tag of the partition that reads it and computes its new value."""
+        sig = ep.graph_signature
+        new_value = {spec.target: spec.arg.name for spec in sig.output_specs
+                     if spec.kind == OutputKind.BUFFER_MUTATION and hasattr(spec.arg, "name")}
+        by_name = {n.name: n for n in ep.graph.nodes}
+        node_tag = {n: n.meta[DELEGATION_TAG] for n in ep.graph.nodes if n.meta.get(DELEGATION_TAG) is not None}
+        for placeholder_name, buffer in sig.inputs_to_buffers.items():
+            node, value = by_name.get(placeholder_name), by_name.get(new_value.get(buffer, ""))
+            if node is None or value is None:
+                continue  # not mutated, or mutated by something other than a node of this graph
+            tag = node_tag.get(value)
+            if tag is not None and node.users and all(node_tag.get(u) == tag for u in node.users):
+                node.meta[DELEGATION_TAG] = tag
+                node_tag[node] = tag

@@ -73,9 +73,14 @@ class LoweredBackendModule(torch.nn.Module):
         return self._key
 
     def output_metas(self) -> list[TensorMeta]:
+        """The delegate call's outputs: the program's user outputs (a buffer's new value that the delegate keeps as
+        its own state, ``take_over_mutable_buffer``, is not one)."""
         out_node = self._original_module.graph.output_node()
+        kinds = [s.kind.name for s in self._original_module.graph_signature.output_specs]
         metas = []
-        for arg in out_node.args[0]:
+        for k, arg in enumerate(out_node.args[0]):
+            if k < len(kinds) and kinds[k] == "BUFFER_MUTATION":
+                continue
             val = arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
             metas.append(TensorMeta(tuple(val.shape), val.dtype))
         return metas

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -109,21 +109,38 @@ def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> Export
     gm = tagged.graph_module
     state, consts = dict(tagged.state_dict), dict(tagged.constants)
     count = sum(1 for n, _ in gm.named_children() if n.startswith("lowered_module_"))
+    taken_over: set[str] = set()  # mutated buffers whose state a delegate now owns
     for tag, nodes in groups.items():
         spec = result.partition_tags[tag]
         lowered = _lower_partition(tagged, nodes, spec, tag)
         attr = f"lowered_module_{count}"
         count += 1
         setattr(gm, attr, lowered)
-        _replace_partition(gm.graph, nodes, lowered, _read_only_constants(tagged.graph_signature))
+        state_nodes = _taken_over_state(tagged.graph_signature, nodes)
+        taken_over.update(state_nodes.values())
+        _replace_partition(gm.graph, nodes, lowered, _read_only_constants(tagged.graph_signature), state_nodes)
     # Users of a partition's outputs may precede its last node: reorder before anything lints the graph.
     stable_toposort(gm.graph)
     gm.graph.eliminate_dead_code()
     _drop_unused_placeholders(gm.graph, tagged.graph_signature)
     gm.recompile()
-    signature = rebuild_signature(gm.graph, tagged.graph_signature)
+    old = tagged.graph_signature
+    if taken_over:
+        old = ExportGraphSignature(input_specs=list(old.input_specs), output_specs=[
+            s for s in old.output_specs if not (s.kind == OutputKind.BUFFER_MUTATION and s.target in taken_over)])
+    signature = rebuild_signature(gm.graph, old)
     state, consts = prune_state(state, consts, signature)
     return new_exported_program(tagged, gm, signature, state_dict=state, constants=consts)
+
+
+def _taken_over_state(signature: ExportGraphSignature, nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, str]:
+    """Nodes of a partition that compute the new value of a mutated buffer the partition owns (its placeholder
+    is tagged, as ``take_over_mutable_buffer`` does) -> that buffer's name: the state stays inside the delegate."""
+    owned = {signature.inputs_to_buffers[n.name] for n in nodes
+             if n.op == "placeholder" and n.name in signature.inputs_to_buffers}
+    mutated = {s.arg.name: s.target for s in signature.output_specs
+               if s.kind == OutputKind.BUFFER_MUTATION and s.target in owned and hasattr(s.arg, "name")}
+    return {n: mutated[n.name] for n in nodes if n.op != "placeholder" and n.name in mutated}
 
 
 def _check_tags(
@@ -196,13 +213,16 @@ def _read_only_constants(signature: ExportGraphSignature) -> set[str]:
             if s.kind in kinds and s.target not in mutated and isinstance(s.arg, TensorArgument)}
 
 
-def _partition_io(nodes: list[torch.fx.Node], shareable: set[str] = frozenset()  # type: ignore[assignment]
-                  ) -> tuple[list[torch.fx.Node], list[torch.fx.Node], list[torch.fx.Node]]:
+def _partition_io(nodes: list[torch.fx.Node], shareable: set[str] = frozenset(),  # type: ignore[assignment]
+                  state: Collection[torch.fx.Node] = ()) -> tuple[list[torch.fx.Node], list[torch.fx.Node],
+                                                                   list[torch.fx.Node]]:
     """(owned placeholders, external inputs, outputs) of a partition, in graph order.
 
     A read-only weight (``shareable``) used by several partitions or by other nodes is owned by every partition
     that uses it, as ExecuTorch does: each backend gets it as a constant (static weights can be packed), and
     named data stores its bytes once. Other placeholders used outside the partition are passed in as inputs.
+    A ``state`` node (the new value of a buffer the partition owns) is an output only if something other than
+    the program's output (the buffer mutation) uses it.
     """
     members = set(nodes)
     owned: list[torch.fx.Node] = []
@@ -227,7 +247,7 @@ def _partition_io(nodes: list[torch.fx.Node], shareable: set[str] = frozenset() 
         for arg in n.all_input_nodes:
             if arg not in members:
                 take(arg)
-        if any(u not in members for u in n.users):
+        if any(u not in members and not (n in state and u.op == "output") for u in n.users):
             outputs.append(n)
     return owned, inputs, outputs
 
@@ -244,7 +264,8 @@ def _lower_partition(
 
 def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> ExportedProgram:
     """An ExportedProgram holding exactly ``nodes`` (a convex set of parent nodes)."""
-    owned, inputs, outputs = _partition_io(nodes, _read_only_constants(parent.graph_signature))
+    state_nodes = _taken_over_state(parent.graph_signature, nodes)
+    owned, inputs, outputs = _partition_io(nodes, _read_only_constants(parent.graph_signature), state_nodes)
     members = [n for n in nodes if n.op != "placeholder"]
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -270,11 +291,13 @@ def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> E
     for n in members:
         env[n] = graph.node_copy(n, lambda a: env[a])
         env[n].meta.pop(DELEGATION_TAG, None)
-    graph.output(tuple(env[o] for o in outputs))
+    graph.output(tuple(env[o] for o in [*state_nodes, *outputs]))  # mutations first, as torch.export orders them
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     signature = ExportGraphSignature(
         input_specs=input_specs,
-        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(env[o].name), None) for o in outputs],
+        output_specs=[OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(env[n].name), buffer)
+                      for n, buffer in state_nodes.items()]
+        + [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(env[o].name), None) for o in outputs],
     )
     example = tuple(i.meta.get("val") for i in inputs)
     in_spec = torch.utils._pytree.tree_flatten((example, {}))[1]
@@ -293,8 +316,8 @@ def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> E
 
 
 def _replace_partition(graph: torch.fx.Graph, nodes: list[torch.fx.Node], lowered: LoweredBackendModule,
-                       shareable: set[str]) -> None:
-    owned, inputs, outputs = _partition_io(nodes, shareable)
+                       shareable: set[str], state: Collection[torch.fx.Node] = ()) -> None:
+    owned, inputs, outputs = _partition_io(nodes, shareable, state)
     members = [n for n in nodes if n.op != "placeholder"]
     with graph.inserting_after(members[-1]):
         call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, list(inputs)))
@@ -307,6 +330,10 @@ def _replace_partition(graph: torch.fx.Graph, nodes: list[torch.fx.Node], lowere
         item.meta["val"] = out.meta.get("val")
         out.replace_all_uses_with(item, delete_user_cb=lambda user, _m=set(members): user not in _m)
         previous = item
+    if state:  # the delegate keeps these buffers' new values: the program no longer writes them back
+        out_node = graph.output_node()
+        values = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
+        out_node.args = (tuple(v for v in values if v not in set(state)),)
     for n in reversed(members):
         graph.erase_node(n)
     for p in owned:
