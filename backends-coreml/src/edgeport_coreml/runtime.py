@@ -77,6 +77,14 @@ class _Handle:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _has_state(model: Any) -> bool:
+    """The model declares Core ML state (iOS18+ packages converted from mutated buffers)."""
+    try:
+        return bool(model.get_spec().description.state)
+    except Exception:  # noqa: BLE001 - a compiled model has no spec to read: it was made without state here
+        return False
+
+
 class CoreMLExecutor:
     """Loads the package with coremltools and predicts (macOS only)."""
 
@@ -115,7 +123,10 @@ class CoreMLExecutor:
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return _Handle(tmp, model, list(meta["inputNames"]), list(meta["outputNames"]), options)
+        handle = _Handle(tmp, model, list(meta["inputNames"]), list(meta["outputNames"]), options)
+        if _has_state(model):  # a buffer the delegate owns (take_over_mutable_buffer): one state per handle
+            handle.extra["state"] = model.make_state()
+        return handle
 
     def describe_execution(self, handle: _Handle) -> str:
         return f"Core ML (coremltools MLModel, compute units {handle.options.compute_unit})"
@@ -128,8 +139,9 @@ class CoreMLExecutor:
             raise RuntimeExecutionError(f"{COREML_BACKEND_ID}: {len(inputs)} inputs given, the model takes "
                                         f"{len(handle.input_names)} ({handle.input_names})")
         feed = {name: np.ascontiguousarray(x) for name, x in zip(handle.input_names, inputs, strict=True)}
+        state = handle.extra.get("state")
         try:
-            result = handle.model.predict(feed)
+            result = handle.model.predict(feed) if state is None else handle.model.predict(feed, state=state)
         except Exception as exc:  # noqa: BLE001 - Core ML errors come as many types
             raise RuntimeExecutionError(f"{COREML_BACKEND_ID}: Core ML prediction failed: {exc}") from exc
         missing = [n for n in handle.output_names if n not in result]
