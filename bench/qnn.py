@@ -85,6 +85,26 @@ class OrtQnn:
         return s
 
 
+def _bare_execute(pte: bytes, feed_np: list[Any]) -> Any:
+    """A closure calling QNN's graphExecute directly on the (first) delegate's context binary: buffers bound once."""
+    import numpy as np
+
+    from edgeport.program.reader import load_pte
+    from edgeport_qnn.blob import unpack_blob
+    from edgeport_qnn.runtime import shared_backend
+
+    header, sealed = unpack_blob(bytes(load_pte(pte).delegate_data(0, 0)))
+    graph = shared_backend().load_context(bytes(sealed)).graph(header.graph)
+    results = [np.empty(s.shape, s.dtype) for s in graph.outputs]
+    for buf, array in (*zip(graph._in_bufs, feed_np), *zip(graph._out_bufs, results)):
+        buf.data = array.ctypes.data
+    fn, args = graph._execute, (graph._handle, graph._ins_ptr, graph._n_in, graph._outs_ptr, graph._n_out, None, None)
+    def run(_alive: Any = (graph, results, feed_np)) -> None:  # the default keeps the bound arrays alive
+        fn(*args)
+
+    return run
+
+
 def measure_model(name: str, ortq: OrtQnn, tmp: str, reps: int, iters: int) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -155,12 +175,15 @@ def measure_model(name: str, ortq: OrtQnn, tmp: str, reps: int, iters: int) -> d
     assert method is not None and sess is not None
     feed = {sess.get_inputs()[0].name: feed_np[0]}
 
-    # latency, interleaved
+    # latency, interleaved; "qnn": the bare graphExecute call (ctypes, tensors prepared once) on the same
+    # context binary, i.e. the time inside QNN, to split edgeport's latency into inside / outside graphExecute
     (ours,) = method.execute(feed_np)
     (theirs,) = sess.run(None, feed)
-    t_run: dict[str, list[float]] = {"edgeport": [], "ort": []}
+    bare = _bare_execute(pte, feed_np)
+    t_run: dict[str, list[float]] = {"edgeport": [], "ort": [], "qnn": []}
     for i in range(iters):
-        order = [("edgeport", lambda: method.execute(feed_np)), ("ort", lambda: sess.run(None, feed))]
+        order = [("edgeport", lambda: method.execute(feed_np)), ("ort", lambda: sess.run(None, feed)),
+                 ("qnn", bare)]
         for label, fn in (order if i % 2 == 0 else order[::-1]):
             t0 = time.perf_counter()
             fn()
@@ -174,6 +197,7 @@ def measure_model(name: str, ortq: OrtQnn, tmp: str, reps: int, iters: int) -> d
         "load_ours": _median_ms(t_load["edgeport"]), "load_ctx": _median_ms(t_load["ort_ctx"]),
         "load_onnx": _median_ms(t_load["ort_onnx"]),
         "run_ours": _median_ms(t_run["edgeport"]), "run_theirs": _median_ms(t_run["ort"]),
+        "run_qnn": _median_ms(t_run["qnn"]),
         "ctx_ours": ours_ctx, "ctx_theirs": theirs_ctx,
         "err_ours": float(np.abs(ours - eager).max()) / scale, "err_theirs": float(np.abs(theirs - eager).max()) / scale,
         "err_between": float(np.abs(ours - theirs).max()) / scale,
@@ -215,19 +239,29 @@ def report(rows: list[dict[str, Any]], failures: list[str], started: str, second
              f"(median of {reps}; edgeport's partitioner caches per-op-signature backend checks across reps). Load = "
              "edgeport `load_program` + `load_method` from the `.pte` / ORT session from its EPContext model (context "
              f"binary restored) and, in parentheses, from the plain `.onnx` (median of {reps}). Latency = `execute` / "
-             f"`run`, median of {iters}. Context binary = bytes of QNN context binary. Error = max |difference| over "
-             "the eager output's max |value|. The emulator's times say nothing about a phone.", "",
+             f"`run`, median of {iters}; \"inside graphExecute\" = the bare ctypes `graphExecute` call on edgeport's "
+             "context binary (tensors bound once), timed in the same interleaved loop: the rest of edgeport's latency "
+             "is Python (input checks, output allocation, the executor). Context binary = bytes of QNN context "
+             "binary. Error = max |difference| over the eager output's max |value|. The emulator's times say nothing about a phone.", "",
              "| model | delegates | lowering s edgeport / ORT | load ms edgeport / ORT ctx (ORT .onnx) | "
-             "latency ms edgeport / ORT | ratio | context binary bytes edgeport / ORT | error edgeport / ORT / "
-             "between |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "latency ms edgeport / ORT | ratio | of which inside graphExecute ms | context binary bytes edgeport / "
+             "ORT | error edgeport / ORT / between |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['delegates']} | {r['low_ours']:.3f} / {r['low_theirs']:.3f} | "
             f"{r['load_ours']:.1f} / {r['load_ctx']:.1f} ({r['load_onnx']:.1f}) | "
             f"{r['run_ours']:.3f} / {r['run_theirs']:.3f} | {r['run_ours'] / r['run_theirs']:.2f}x | "
+            f"{r['run_qnn']:.3f} | "
             f"{r['ctx_ours']:,} / {r['ctx_theirs']:,} | {r['err_ours']:.1e} / {r['err_theirs']:.1e} / "
             f"{r['err_between']:.1e} |")
+    if rows:
+        lines += ["", "Per run, outside `graphExecute` (edgeport latency minus the bare call; Python: input checks, "
+                  "copies through buffers bound once, the executor and the runtime's dispatch): " + ", ".join(
+                      f"{r['model']} {1e3 * (r['run_ours'] - r['run_qnn']):.0f} us" for r in rows)
+                  + "; ORT-QNN's whole `run` minus that same bare call: " + ", ".join(
+                      f"{r['model']} {1e3 * (r['run_theirs'] - r['run_qnn']):.0f} us" for r in rows)
+                  + ". Profile and what changed: `docs/backends/qnn.md` (\"Latency against ORT-QNN\")."]
     if failures:
         lines += ["", "Not measured: " + "; ".join(failures)]
         if any(f.startswith("`encoder` (ORT-QNN") for f in failures):

@@ -69,3 +69,23 @@ def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     if name == "encoder":
         return TinyEncoder().eval(), (torch.randn(1, 6, 16),)
     raise KeyError(name)
+
+
+def tiny_bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A 1-layer ``transformers.BertModel`` (hidden 32, 2 heads, random weights, no download) on embeddings."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=16,
+                     max_position_embeddings=16, attn_implementation="eager")
+    bert = BertModel(cfg, add_pooling_layer=False).eval()
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bert(inputs_embeds=x).last_hidden_state
+
+    return Wrapped().eval(), (torch.randn(1, 8, 32),)

@@ -33,3 +33,14 @@ def test_unavailable_names_the_install_command(monkeypatch):
     monkeypatch.setattr(locate, "find_qnn_libraries", missing)
     ok, why = plugin._available()
     assert not ok and "pip install 'edgeport-qnn[htp]'" in why
+
+
+def test_registered_quantizers_by_bit_width():
+    from edgeport.registry import get_backend
+    from edgeport_qnn import QnnQuantizer, QuantDtype
+
+    quantizers = get_backend("QnnBackend").quantizers
+    for name, expected in (("uint8", QuantDtype.use_8a8w), ("16a8w", QuantDtype.use_16a8w),
+                           ("16a16w", QuantDtype.use_16a16w)):
+        q = quantizers[name]()
+        assert isinstance(q, QnnQuantizer) and q.quant_dtype == expected

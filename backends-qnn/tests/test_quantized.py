@@ -34,7 +34,7 @@ def output_step(ep) -> float:
     return float(out.args[1])
 
 
-@pytest.mark.parametrize("name, max_steps", [("cnn", 1), ("mlp", 1)])  # measured: cnn bit-exact, mlp 1 step
+@pytest.mark.parametrize("name, max_steps", [("cnn", 1), ("mlp", 1)])  # measured: cnn bit-exact, mlp 1 step (88% exact)
 def test_quantized_model_fully_delegated(name, max_steps):
     from edgeport_qnn import QnnPartitioner
 
@@ -57,9 +57,9 @@ def test_quantized_model_fully_delegated(name, max_steps):
     assert np.abs(out - ref).max() <= max_steps * step * 1.001, (np.abs(out - ref).max(), step)
 
 
-def test_quantized_encoder_runs_float_islands():
-    """Only linear layers are quantized: layer norm, softmax, bmm and gelu dequantize and run in float inside the
-    same delegate."""
+def test_quantized_encoder_runs_quantized():
+    """Linear layers, layer norm, softmax, both bmm and gelu all run quantized (QNN LayerNorm / Softmax / MatMul /
+    Gelu on uint8 tensors) in one delegate."""
     from edgeport_qnn import QnnPartitioner
 
     converted, inputs = quantize("encoder")
@@ -70,4 +70,4 @@ def test_quantized_encoder_runs_float_islands():
     (out,) = Runtime.get().load_program(program.to_executorch().buffer).load_method("forward").execute(
         [x.numpy() for x in inputs])
     ref = converted(*inputs).detach().numpy()
-    assert np.abs(out - ref).max() <= 2 * output_step(ep)  # measured: 1 step (79% of outputs exact)
+    assert np.abs(out - ref).max() <= 2 * output_step(ep) * 1.001  # measured: 2 steps (82% of outputs exact)

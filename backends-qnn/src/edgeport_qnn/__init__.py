@@ -11,6 +11,7 @@ _LAZY = {
     "QnnPartitioner": "edgeport_qnn.partitioner",
     "QnnExecutor": "edgeport_qnn.runtime",
     "QnnQuantizer": "edgeport_qnn.quantizer",
+    "QuantDtype": "edgeport_qnn.quantizer",
     "QcomChipset": "edgeport_qnn.options",
     "QnnCompileOptions": "edgeport_qnn.options",
     "QnnRuntimeOptions": "edgeport_qnn.options",

@@ -40,6 +40,10 @@ class BlobHeader:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     ops: dict[str, int] = field(default_factory=dict)
+    #: "soc": the context was built on a device configured with ``soc_model`` (quantized or fp16 graphs);
+    #: "default": on the backend's default device (float32 graphs: the emulator keeps them in fp32 there)
+    device: str = "default"
+    precision: str = "fp32"  #: HTP graph precision of float tensors: "fp32" or "fp16"
 
 
 def pack_blob(header: BlobHeader, sealed_binary: bytes) -> bytes:
@@ -85,6 +89,8 @@ def unpack_blob(blob: bytes | bytearray | memoryview) -> tuple[BlobHeader, memor
     for name in ("plugin_version", "qnn_core_api", "qnn_backend_api", "qnn_build", "soc_model", "graph"):
         if not isinstance(getattr(header, name), str):
             raise BlobError(f"QnnBackend blob header field {name!r} is not a string")
+    if header.device not in ("default", "soc") or header.precision not in ("fp32", "fp16"):
+        raise BlobError(f"QnnBackend blob header: device {header.device!r} / precision {header.precision!r} unknown")
     _tensor_list(header.inputs, "inputs")
     _tensor_list(header.outputs, "outputs")
     if not isinstance(header.ops, dict):
@@ -100,6 +106,8 @@ def describe_blob(processed: bytes | memoryview) -> dict[str, Any]:
         "producer": f"edgeport-qnn {header.plugin_version}",
         "qnn": {"core_api": header.qnn_core_api, "backend_api": header.qnn_backend_api, "build": header.qnn_build},
         "soc_model": header.soc_model,
+        "device": header.device,
+        "precision": header.precision,
         "inputs": header.inputs,
         "outputs": header.outputs,
         "qnn_ops": header.ops,

@@ -170,17 +170,21 @@ _TABLE = (
     OpCapability("aten.slice_copy.Tensor", _F, _slice, "StridedSlice; step >= 1"),
 )
 
-_QIO = ("float32", "uint8", "int8", "float64", "int32", "int64")
+_QIO = ("float32", "uint8", "int8", "int16", "uint16", "float64", "int32", "int64")
 
 
 def _full_range(node: Any) -> str | None:
     import torch
 
-    ranges = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
-    qmin, qmax, dtype = (node.args[3:6] if "per_channel" not in str(node.target) else node.args[4:7])
-    if ranges.get(dtype) != (int(qmin), int(qmax)) and not (dtype == torch.int8 and "per_channel" in str(
-            node.target)):
-        return f"quantization range [{qmin}, {qmax}] of {dtype}: full-range uint8 or int8 only"
+    ranges = {(torch.uint8, 0, 255), (torch.int8, -128, 127), (torch.int32, 0, 65535), (torch.uint16, 0, 65535),
+              (torch.int16, -32768, 32767)}
+    per_channel = "per_channel" in str(node.target)
+    qmin, qmax, dtype = node.args[4:7] if per_channel else node.args[3:6]
+    if per_channel and dtype in (torch.int8, torch.int16):
+        return None
+    if (dtype, int(qmin), int(qmax)) not in ranges:
+        return (f"quantization range [{qmin}, {qmax}] of {dtype}: full-range uint8 / int8 / int16, or [0, 65535] "
+                "in int32 (16-bit activations)")
     return None
 
 
@@ -190,7 +194,7 @@ _QUANT = (
     OpCapability("quantized_decomposed.dequantize_per_tensor.default", _QIO, _full_range,
                  "no operator for quantized consumers; Dequantize for float ones"),
     OpCapability("quantized_decomposed.dequantize_per_channel.default", _QIO, _full_range,
-                 "int8 per-channel weights of conv / linear (QNN per-axis)"),
+                 "int8 / int16 per-channel weights of conv / linear (QNN per-axis)"),
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
 #: the float table plus pt2e's quantize / dequantize nodes (what the partitioner uses)

@@ -21,9 +21,10 @@ QNN_BACKEND_ID = "QnnBackend"
 class QcomChipset(enum.IntEnum):
     """Qualcomm SoC ids (the values of ExecuTorch's ``QcomChipset``; QNN's ``socModel``).
 
-    The x86 HTP emulator is not configured per SoC: edgeport records the SoC in the blob and the executor
-    refuses a blob lowered for another SoC than the one it runs for (``QnnRuntimeOptions.soc_model``, by default
-    :data:`DEFAULT_CHIPSET`, the one the emulator runs as far as edgeport is concerned).
+    Quantized and fp16 graphs are built on an HTP device configured with this SoC (its HTP architecture, e.g.
+    SM8650: v75); float32 graphs on the backend's default device (see ``docs/backends/qnn.md``). The SoC is
+    recorded in the blob and the executor refuses a blob lowered for another SoC than the one it runs for
+    (``QnnRuntimeOptions.soc_model``, by default :data:`DEFAULT_CHIPSET`).
     """
 
     SM8450 = 36
@@ -58,8 +59,8 @@ def generate_htp_compiler_spec(use_fp16: bool = False, use_dlbc: bool = False, u
 
 @dataclass
 class QnnCompileOptions(CompileOptions):
-    """``QnnBackend``'s options. ``soc_model``: a :class:`QcomChipset` name (``"SM8650"``); ``use_fp16``: run
-    float graphs in fp16 on the HTP (``False``: fp32); ``debug``: keep tensor names in the graph (no effect yet)."""
+    """``QnnBackend``'s options. ``soc_model``: a :class:`QcomChipset` name (``"SM8650"``); ``use_fp16``: build
+    float graphs with HTP fp16 graph precision on the SoC's device (``False``: fp32 on the default device)."""
 
     soc_model: str = DEFAULT_CHIPSET.name
     use_fp16: bool = False

@@ -46,7 +46,10 @@ def _signature(node: torch.fx.Node, constants: set[str]) -> Any:
         if isinstance(a, torch.fx.Node):
             val = a.meta.get("val")
             shape = tuple(getattr(val, "shape", ())) if not isinstance(val, (list, tuple)) else "multi"
-            return ("node", shape, str(getattr(val, "dtype", "")), a.name in constants or a.op == "get_attr")
+            # a dequantize's integer type and range decide the quantized form (8- or 16-bit)
+            qtype = (tuple(repr(x) for x in a.args[-3:]) if a.op == "call_function"
+                     and op_name(a.target) in (DEQUANTIZE, DEQUANTIZE_PER_CHANNEL) else ())
+            return ("node", shape, str(getattr(val, "dtype", "")), a.name in constants or a.op == "get_attr", qtype)
         if isinstance(a, (list, tuple)):
             return tuple(one(x) for x in a)
         return repr(a)
@@ -62,9 +65,12 @@ def _dequantized_weights(a: Any, constants: set[str]) -> bool:
             and all(x.op == "get_attr" or (x.op == "placeholder" and x.name in constants) for x in a.all_input_nodes))
 
 
-def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set[str]) -> str | None:
+def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set[str], soc_model: int | None = None,
+                        use_fp16: bool = False) -> str | None:
     """``None`` when the HTP accepts the QNN nodes lowering ``node`` makes (each validated, then the one-node graph
-    finalized: some refusals, e.g. fp32 ``Gelu``, only show when the HTP prepares a graph), else the reason."""
+    finalized: some refusals, e.g. fp32 ``Gelu``, only show when the HTP prepares a graph), else the reason. The
+    graph is built as ``preprocess`` will build it: on the device of ``soc_model`` (or the default one), with
+    fp16 precision when ``use_fp16``."""
     from edgeport_qnn.preprocess.lowering import Const, Deq, Lowering, QConst, Val, static_shape
     from edgeport_qnn.preprocess.ops import LOWERINGS, QUANTIZED_LOWERINGS
     from edgeport_qnn.preprocess.ops.quant import QUANT_OPS, quant_of, quantizing_user
@@ -77,14 +83,14 @@ def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set
     if all((a.op == "placeholder" and a.name in constants) or a.op == "get_attr" or _dequantized_weights(a, constants)
            for a in node.all_input_nodes):
         return "it computes from constants only (a QNN graph needs a runtime input)"
-    key = (_signature(node, constants), quantized)
+    key = (_signature(node, constants), quantized, soc_model, use_fp16)
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
     backend = shared_backend()
     reason: str | None = None
-    with backend.create_context() as context:
-        lowering = Lowering(context.graph_builder("validate"), LOWERINGS)
+    with backend.create_context(soc_model) as context:
+        lowering = Lowering(context.graph_builder("validate", fp16=use_fp16), LOWERINGS)
         lowering.quant_lowerings = QUANTIZED_LOWERINGS
         try:
             for i, a in enumerate(node.all_input_nodes):
@@ -96,7 +102,8 @@ def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set
                     scales = placeholder_tensor(ep, a.args[1]) if a.args[1].op == "placeholder" else None
                     scales = (tuple(float(x) for x in scales.reshape(-1)) if scales is not None
                               else (1.0,) * shape[int(a.args[3])])
-                    lowering.values[a] = QConst(np.zeros(shape, np.float32), raw=np.zeros(shape, np.int8),
+                    wtype = np.int16 if a.args[-1] == torch.int16 else np.int8  # as the weights are stored
+                    lowering.values[a] = QConst(np.zeros(shape, np.float32), raw=np.zeros(shape, wtype),
                                                 scales=scales, zero_points=(0,) * len(scales),
                                                 axis=int(a.args[3]) % len(shape))
                 elif quantized and op_name(getattr(a, "target", None)) == DEQUANTIZE:
@@ -119,8 +126,13 @@ def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set
             lowering.g.finalize()  # some refusals only show when the HTP prepares the graph
         except QnnError as exc:
             first = str(exc).splitlines()
-            log = [line.strip() for line in exc.library_log if "<E>" not in line][:2]
-            reason = (f"the QNN HTP backend refuses it{' (quantized form)' if quantized else ''}: {first[0]}" + (f" ({'; '.join(log)})" if log else ""))
+            log: list[str] = []  # QNN's own words (e.g. "has incorrect Value 69, expected >= 73"), not its summary
+            for line in exc.library_log:
+                line = line.replace("<E>", "").strip()
+                if line and line not in log and "validateOpConfig failed" not in line and "Failed to validate" not in line:
+                    log.append(line)
+            reason = (f"the QNN HTP backend refuses it{' (quantized form)' if quantized else ''}: {first[0]}"
+                      + (f" ({'; '.join(log[:2])})" if log else ""))
         except LoweringError as exc:
             reason = f"no QNN lowering{' (quantized form)' if quantized else ''}: {exc}"
     with _CACHE_LOCK:
@@ -152,6 +164,7 @@ class QnnPartitioner(CapabilityBasedPartitioner):
         self._ep: ExportedProgram | None = None
         self._banned: dict[torch.fx.Node, str] = {}
         self._constants: set[str] = set()
+        self._soc: int | None = None
 
     def _is_constant(self, a: Any) -> bool:
         return isinstance(a, torch.fx.Node) and (a.op == "get_attr" or (
@@ -170,14 +183,18 @@ class QnnPartitioner(CapabilityBasedPartitioner):
             if verdict is False or isinstance(verdict, str):
                 return verdict or "rejected by node_filter"
         if self.validate and self._ep is not None and name not in (QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL):
-            why = validate_on_backend(node, self._ep, self._constants)
+            why = validate_on_backend(node, self._ep, self._constants, self._soc, self.compile_options.use_fp16)
             if why:
                 return f"{name}: {why}"
         return True
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        from edgeport_qnn.preprocess import on_soc_device
+
         self._ep = exported_program
         self._constants = constant_placeholder_names(exported_program)
+        self._soc = (int(self.compile_options.chipset)
+                     if on_soc_device(exported_program.graph, self.compile_options.use_fp16) else None)
         self.node_filter = self._check
         self._banned: dict[torch.fx.Node, str] = {}
         try:

@@ -6,6 +6,7 @@ executor is first used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import edgeport
@@ -33,10 +34,14 @@ def _executor() -> Any:
     return QnnExecutor()
 
 
-def _quantizer(**options: Any) -> Any:
-    from edgeport_qnn.quantizer import QnnQuantizer
+def _quantizer(quant_dtype: str = "use_8a8w") -> Callable[..., Any]:
+    """A factory of ``QnnQuantizer`` for one ``QuantDtype`` name."""
 
-    return QnnQuantizer(**options)
+    def make(**options: Any) -> Any:
+        from edgeport_qnn.quantizer import QnnQuantizer, QuantDtype
+
+        return QnnQuantizer(quant_dtype=QuantDtype[quant_dtype], **options)
+    return make
 
 
 def _available() -> tuple[bool, str]:
@@ -62,7 +67,8 @@ def _describe(processed: Any) -> dict[str, Any]:
 def edgeport_register_backends(registry: Any) -> None:
     registry.add(BackendSpec(
         backend_id=QNN_BACKEND_ID, version=__version__, preprocess=_preprocess, partitioner=_partitioner,
-        executor=_executor, capabilities=capabilities, quantizers={"uint8": _quantizer},
+        executor=_executor, capabilities=capabilities,
+        quantizers={"uint8": _quantizer(), "16a8w": _quantizer("use_16a8w"), "16a16w": _quantizer("use_16a16w")},
         compile_options=QnnCompileOptions,
         runtime_options=QnnRuntimeOptions, describe_blob=_describe, is_available=_available,
         description="Qualcomm QNN HTP graphs built through the QNN C API, stored as context binaries "

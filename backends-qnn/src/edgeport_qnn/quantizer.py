@@ -1,28 +1,34 @@
-"""``QnnQuantizer``: a torchao pt2e quantizer for ``QnnBackend`` (uint8 activations, int8 per-channel weights).
+"""``QnnQuantizer``: a torchao pt2e quantizer for ``QnnBackend`` (8- or 16-bit activations, 8- or 16-bit weights).
 
 Use with torchao's flow on a plain ``torch.export.export(model, args).module()``::
 
-    m = prepare_pt2e(torch.export.export(model, args).module(), QnnQuantizer())
+    quantizer = QnnQuantizer()
+    quantizer.set_default_quant_config(QuantDtype.use_16a8w)      # ExecuTorch's spelling; default: use_8a8w
+    m = prepare_pt2e(torch.export.export(model, args).module(), quantizer)
     for batch in calibration_data:
         m(*batch)
     m = convert_pt2e(m)
     edge = to_edge_transform_and_lower(torch.export.export(m, args), partitioner=[QnnPartitioner()])
 
-Activations: uint8 per-tensor affine ([0, 255], QNN's ``UFIXED_POINT_8``); convolution and linear weights: int8
-symmetric per output channel ([-127, 127]); biases stay float (the lowering makes them int32 with scale
+Activations: unsigned per-tensor affine, 8-bit ([0, 255], QNN's ``UFIXED_POINT_8``) or 16-bit ([0, 65535] held in
+int32 as ExecuTorch does, QNN's ``UFIXED_POINT_16``); convolution and linear weights: symmetric per output channel,
+int8 ([-127, 127]) or int16 ([-32767, 32767]); biases stay float (the lowering makes them int32 with scale
 ``input_scale * weight_scale``). A relu / relu6 / hardtanh right after a convolution, linear or add is fused (only
-its output is quantized). Max pooling, reshapes and permutes share their input's parameters; average pooling and
-``mean`` get their own.
+its output is quantized). Reshapes, permutes, transposes, slices and max pooling share their input's parameters;
+everything else quantized (add / sub / mul, matmul, sigmoid, tanh (8-bit only: the HTP refuses a 16-bit ``Tanh``),
+hardswish, gelu, softmax, layer norm, pooling, ``mean``) gets its own output parameters. Layer norm weights stay float
+(the lowering gives QNN's ``LayerNorm`` a uint8 gamma and an int32 beta, the form the HTP takes).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e import HistogramObserver, PerChannelMinMaxObserver
+from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
 from torchao.quantization.pt2e.quantizer import (
     QuantizationAnnotation,
     QuantizationSpec,
@@ -31,18 +37,34 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-__all__ = ["QnnQuantizer"]
+__all__ = ["QnnQuantizer", "QuantDtype"]
+
+
+class QuantDtype(enum.IntEnum):
+    """Activation / weight bit widths (ExecuTorch's names and values); edgeport-qnn lowers these three."""
+
+    use_16a16w = 0
+    use_16a8w = 1
+    use_8a8w = 4
+
 
 _KEY = "quantization_annotation"
 _EPS = 2.0**-12
+_EPS16 = 2.0**-24  # smallest 16-bit activation scale (2**-12 would cap the resolution of small ranges)
 _aten = torch.ops.aten
 _GEMM = {_aten.conv2d.default, _aten.linear.default}
-_ADD = {_aten.add.Tensor, _aten.add_.Tensor}
+_BINARY = {_aten.add.Tensor, _aten.add_.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.matmul.default,
+           _aten.bmm.default, _aten.mm.default}
+_FUSE_AFTER = {_aten.add.Tensor, _aten.add_.Tensor}
 _CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _aten.hardtanh_.default,
            _aten.relu6.default}
-_OWN = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim}
+_OWN = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sigmoid.default,
+        _aten.tanh.default, _aten.hardswish.default, _aten.gelu.default, _aten.softmax.int, _aten._softmax.default,
+        _aten.layer_norm.default}
 _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints,
-           _aten.permute.default}
+           _aten.permute.default, _aten.transpose.int, _aten.unsqueeze.default, _aten.squeeze.dim,
+           _aten.contiguous.default, _aten.clone.default, _aten.dropout.default, _aten.slice.Tensor,
+           _aten.select.int}
 
 
 def _is_float(a: Any) -> bool:
@@ -50,17 +72,52 @@ def _is_float(a: Any) -> bool:
     return isinstance(val, torch.Tensor) and val.dtype == torch.float32
 
 
-class QnnQuantizer(Quantizer):
-    """uint8/int8 quantization for ``QnnBackend``; ``node_filter(node) -> bool`` leaves chosen nodes in float."""
+def _specs(quant_dtype: QuantDtype) -> tuple[QuantizationSpec, QuantizationSpec]:
+    """(activation spec, weight spec) of a :class:`QuantDtype`."""
+    if quant_dtype == QuantDtype.use_8a8w:
+        act = QuantizationSpec(dtype=torch.uint8, quant_min=0, quant_max=255, qscheme=torch.per_tensor_affine,
+                               observer_or_fake_quant_ctr=HistogramObserver.with_args(eps=_EPS))
+    else:  # 16-bit activations in int32 (as ExecuTorch does: torch has no uint16 quantize kernels)
+        act = QuantizationSpec(dtype=torch.int32, quant_min=0, quant_max=65535, qscheme=torch.per_tensor_affine,
+                               observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=_EPS16))
+    wdtype, wmax = (torch.int16, 32767) if quant_dtype == QuantDtype.use_16a16w else (torch.int8, 127)
+    weight = QuantizationSpec(dtype=wdtype, quant_min=-wmax, quant_max=wmax, qscheme=torch.per_channel_symmetric,
+                              ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
+    return act, weight
 
-    def __init__(self, *, node_filter: Callable[[Node], bool] | None = None) -> None:
+
+class QnnQuantizer(Quantizer):
+    """Quantization for ``QnnBackend``; ``quant_dtype`` (default ``QuantDtype.use_8a8w``), ``node_filter(node) ->
+    bool`` leaves chosen nodes in float."""
+
+    def __init__(self, *, node_filter: Callable[[Node], bool] | None = None,
+                 quant_dtype: QuantDtype = QuantDtype.use_8a8w) -> None:
         super().__init__()
         self.node_filter = node_filter
-        self.act = QuantizationSpec(dtype=torch.uint8, quant_min=0, quant_max=255, qscheme=torch.per_tensor_affine,
-                                    observer_or_fake_quant_ctr=HistogramObserver.with_args(eps=_EPS))
-        self.weight = QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127,
-                                       qscheme=torch.per_channel_symmetric, ch_axis=0,
-                                       observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
+        self.set_default_quant_config(quant_dtype)
+
+    def set_default_quant_config(self, quant_dtype: QuantDtype, is_qat: bool = False,
+                                 is_conv_per_channel: bool = True, is_linear_per_channel: bool = True,
+                                 act_observer: Any = None, **unsupported: Any) -> None:
+        """ExecuTorch's way to choose the bit widths. Weights are always per output channel here (the
+        ``is_*_per_channel`` flags are accepted for compatibility); ``act_observer`` replaces the activation
+        observer class. QAT and other ExecuTorch options are refused."""
+        try:
+            quant_dtype = QuantDtype(int(quant_dtype))
+        except (ValueError, TypeError):
+            raise ValueError(f"QnnQuantizer: quant_dtype {quant_dtype!r} is not supported by edgeport-qnn; one of "
+                             f"{[d.name for d in QuantDtype]}") from None
+        if is_qat:
+            raise ValueError("QnnQuantizer: is_qat=True (quantization-aware training) is not supported; use PTQ")
+        if unsupported:
+            raise ValueError(f"QnnQuantizer.set_default_quant_config: unsupported options {sorted(unsupported)}")
+        del is_conv_per_channel, is_linear_per_channel
+        self.quant_dtype = quant_dtype
+        self.act, self.weight = _specs(quant_dtype)
+        if act_observer is not None:
+            self.act = QuantizationSpec(dtype=self.act.dtype, quant_min=self.act.quant_min,
+                                        quant_max=self.act.quant_max, qscheme=self.act.qscheme,
+                                        observer_or_fake_quant_ctr=act_observer.with_args(eps=_EPS))
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check beyond what :meth:`annotate` enforces."""
@@ -75,13 +132,13 @@ class QnnQuantizer(Quantizer):
                 if _is_float(x) and isinstance(w, Node) and w.op == "get_attr":
                     self._mark(node, {x: self.act, w: self.weight}, None)
                     self._output(node)
-            elif t in _ADD:
+            elif t in _BINARY:
                 a, b = node.args[0], node.args[1]
-                if _is_float(a) and _is_float(b) and len(node.args) < 3:
-                    self._mark(node, {a: self.act, **({b: self.act} if b is not a else {})}, None)
+                if len(node.args) < 3 and _is_float(a) and (_is_float(b) or isinstance(b, (int, float))):
+                    self._mark(node, {x: self.act for x in (a, b) if isinstance(x, Node)}, None)
                     self._output(node)
             elif t in _OWN:
-                if _is_float(node.args[0]):
+                if _is_float(node.args[0]) and not (t == _aten.tanh.default and self.quant_dtype != QuantDtype.use_8a8w):
                     self._mark(node, {node.args[0]: self.act}, self.act)
             elif t in _SHARED or t in _CLAMPS:
                 x = node.args[0]
@@ -103,8 +160,9 @@ class QnnQuantizer(Quantizer):
 
     def _output(self, node: Node) -> None:
         users = list(node.users)
-        if (len(users) == 1 and users[0].op == "call_function" and users[0].target in _CLAMPS
-                and users[0].args[0] is node and not self._done(users[0]) and self._wanted(users[0])):
+        if (node.target in _GEMM | _FUSE_AFTER and len(users) == 1 and users[0].op == "call_function"
+                and users[0].target in _CLAMPS and users[0].args[0] is node and not self._done(users[0])
+                and self._wanted(users[0])):
             self._mark(users[0], {}, self.act)
         else:
             node.meta[_KEY].output_qspec = self.act

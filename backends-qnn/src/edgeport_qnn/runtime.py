@@ -25,6 +25,9 @@ _LOCK = threading.Lock()
 _BACKEND: Any = None
 
 
+_F32 = np.dtype(np.float32)
+
+
 def shared_backend() -> Any:
     """The process's HTP backend (loaded once; QNN allows one backend instance of a library per process)."""
     global _BACKEND
@@ -79,7 +82,10 @@ class QnnExecutor:
                 f"{header.qnn_core_api}/{header.qnn_backend_api}); this runtime has QNN {backend.build_id} (API "
                 f"{core}/{backend_api}); lower the model again with this QNN")
         try:
-            context = backend.load_context(bytes(sealed))
+            from edgeport_qnn.options import QcomChipset
+
+            soc = int(QcomChipset[header.soc_model]) if header.device == "soc" else None
+            context = backend.load_context(bytes(sealed), soc_model=soc)
         except (QnnError, ValueError, TypeError) as exc:
             raise ProgramError(f"{QNN_BACKEND_ID}: the context binary is unusable: {exc}") from None
         try:
@@ -104,13 +110,14 @@ class QnnExecutor:
         return f"QNN HTP ({handle.header.soc_model}; x86-64: Qualcomm's HTP emulator), QNN {handle.header.qnn_build}"
 
     def execute(self, handle: _Handle, inputs: Sequence[Any]) -> list[np.ndarray]:
-        from edgeport_qnn.sdk import QnnError
-
         if len(inputs) != len(handle.shapes):
             raise RuntimeExecutionError(f"{QNN_BACKEND_ID}: {len(inputs)} inputs given, the graph takes "
                                         f"{len(handle.shapes)}")
         arrays = []
         for i, (x, shape) in enumerate(zip(inputs, handle.shapes, strict=True)):
+            if type(x) is np.ndarray and x.dtype == _F32 and x.shape == shape and x.flags.c_contiguous:
+                arrays.append(x)  # the common case, without conversions
+                continue
             a = np.asarray(x)
             if a.dtype != np.float32 or a.shape != shape:
                 raise RuntimeExecutionError(f"{QNN_BACKEND_ID}: input {i} must be float32 of shape {list(shape)}, "
@@ -118,8 +125,12 @@ class QnnExecutor:
             arrays.append(np.ascontiguousarray(a))
         try:
             return handle.graph.execute(arrays)
-        except (QnnError, ValueError) as exc:
-            raise RuntimeExecutionError(f"{QNN_BACKEND_ID}: graph execution failed: {exc}") from None
+        except Exception as exc:
+            from edgeport_qnn.sdk import QnnError  # imported here: a run's hot path stays import-free
+
+            if isinstance(exc, (QnnError, ValueError)):
+                raise RuntimeExecutionError(f"{QNN_BACKEND_ID}: graph execution failed: {exc}") from None
+            raise
 
     def destroy(self, handle: _Handle) -> None:
         handle.context.close()

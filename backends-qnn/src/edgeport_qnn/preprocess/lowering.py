@@ -138,6 +138,25 @@ class Lowering:
             self._scalars[key] = self.static(np.full((1,) * max(rank, 1), value, np.float32), "scalar")
         return self._scalars[key]
 
+    def qscalar(self, value: float, rank: int) -> str:
+        """A static scalar in the current quantized output type, holding ``value`` exactly (the largest or
+        smallest code)."""
+        from edgeport_qnn.sdk import QuantParams
+
+        dtype = np.dtype(self.qmode[0])
+        if dtype.kind != "u":
+            raise LoweringError(f"a quantized scalar operand of type {dtype} is not lowered")
+        top = int(np.iinfo(dtype).max)
+        v = float(value)
+        code, quant = ((top, QuantParams(v / top, 0)) if v > 0 else (0, QuantParams(-v / top, top)) if v < 0
+                       else (0, QuantParams(1.0, 0)))
+        key = ("qscalar", v, rank, dtype.str)
+        if key not in self._scalars:
+            name = self.fresh("qscalar")
+            self.g.add_static(name, np.full((1,) * max(rank, 1), code, dtype), quant)
+            self._scalars[key] = name
+        return self._scalars[key]
+
     def binary(self, op: str, a: Val, b: str | float, nhwc_like: Val | None = None) -> Val:
         """``a`` (any layout) op ``b`` (a tensor name of the same physical shape or broadcastable, or a scalar)."""
         other = self.scalar(b, len(a.shape)) if isinstance(b, (int, float)) else b
@@ -167,6 +186,13 @@ class Lowering:
                 self._layout_cache[key] = self.node("Dequantize", [v.q.name], v.q.qnn_shape, nhwc=v.q.nhwc,
                                                     logical=v.q.shape, like=Val("", (), dtype=np.float32))
             return self._layout_cache[key]
+        if isinstance(v, QConst) and v.axis is None and self.qmode is not None:
+            from edgeport_qnn.sdk import QuantParams
+
+            name = self.fresh("qconst")
+            quant = QuantParams(v.scales[0], v.zero_points[0])
+            self.g.add_static(name, np.ascontiguousarray(v.raw), quant)
+            return Val(name, tuple(v.raw.shape), dtype=v.raw.dtype.type, quant=quant)
         if isinstance(v, Const):
             return Val(self.static(v.data.astype(np.float32)), tuple(v.data.shape))
         if not isinstance(v, Val):
@@ -227,7 +253,6 @@ class Lowering:
         quantize (or a relu / hardtanh before one: fused, both run with that quantize's parameters)."""
         from edgeport_qnn.preprocess.ops.quant import (
             QUANT_OPS,
-            QUANTIZED_LOWERINGS,
             quant_of,
             quantizing_user,
         )
@@ -237,14 +262,17 @@ class Lowering:
         user = quantizing_user(node)
         if user is None:
             return None
-        weights = {node.args[i] for i in (1, 2) if len(node.args) > i} if name in QUANTIZED_LOWERINGS else set()
+        positions = {"aten.convolution.default": (1, 2), "aten.linear.default": (1, 2),
+                     "aten.native_layer_norm.default": (2, 3)}.get(name, ())
+        weights = {node.args[i] for i in positions if len(node.args) > i}
         tensors = node.all_input_nodes
         first = self.values.get(tensors[0]) if tensors else None
         if not (isinstance(first, Deq) or (isinstance(first, Val) and first.quant is not None)):
             return None
         for a in tensors:
             v = self.values.get(a)
-            quantized_input = isinstance(v, Deq) or (isinstance(v, Val) and v.quant is not None)
+            quantized_input = (isinstance(v, Deq) or (isinstance(v, Val) and v.quant is not None)
+                               or (isinstance(v, QConst) and v.axis is None))
             if not (quantized_input or (a in weights and isinstance(v, Const))):
                 return None  # a float operand: run in float
         return quant_of(user)

@@ -172,7 +172,7 @@ def probe_in_child(backend: QnnBackend, raw: bytes) -> None:
 
 
 def load_context(cls: type[Context], backend: QnnBackend, binary: bytes | bytearray | memoryview, *,
-                 raw: bool = False, probe: bool = True) -> Context:
+                 raw: bool = False, probe: bool = True, soc_model: int | None = None) -> Context:
     """Implementation of :meth:`Context.from_binary`."""
     from edgeport_qnn.sdk.session import Graph
 
@@ -200,7 +200,7 @@ def load_context(cls: type[Context], backend: QnnBackend, binary: bytes | bytear
     with backend._lock:
         backend._require_open()
         out = C.c_void_p()
-        backend.call(table.contextCreateFromBinary, backend._h.backend, backend._h.device, None, buffer,
+        backend.call(table.contextCreateFromBinary, backend._h.backend, backend.device(soc_model), None, buffer,
                      len(buffer), C.byref(out), None, what="contextCreateFromBinary")
         context = cls(backend, out.value)
         context._loaded_from = buffer

@@ -32,7 +32,8 @@ class GraphBuilder:
     """Builds graph ``name`` in ``context``: declare inputs, outputs and constants, add nodes in topological
     order, then :meth:`finalize`. Each node is validated by the backend (``backendValidateOpConfig``) first."""
 
-    def __init__(self, context: Context, name: str) -> None:
+    def __init__(self, context: Context, name: str, *, fp16: bool = False, optimization_level: int | None = None,
+                 vtcm_mb: int | None = None) -> None:
         self.context = context
         self.name = name
         encoded = check_name(name, "graph")
@@ -46,10 +47,18 @@ class GraphBuilder:
         self._available: set[str] = set()  # tensors a node may read
         self._nodes: set[str] = set()
         self._graph: Graph | None = None
+        configs = None
+        if backend.kind == "htp":
+            from edgeport_qnn.sdk.configs import config_list, htp_graph_records
+
+            configs = config_list(htp_graph_records(fp16=fp16, optimization_level=optimization_level,
+                                                    vtcm_mb=vtcm_mb, keep=self._keep), self._keep)
+        elif fp16 or optimization_level is not None or vtcm_mb is not None:
+            raise ValueError(f"graph options fp16/optimization_level/vtcm_mb are HTP options; backend {backend.kind}")
         with backend._lock:
             context._require_open()
             out = C.c_void_p()
-            backend.call(backend._table.graphCreate, context.handle, self._keep(encoded), None, C.byref(out),
+            backend.call(backend._table.graphCreate, context.handle, self._keep(encoded), configs, C.byref(out),
                          what=f"graphCreate {name!r}")
             self._handle = out.value
         context._builders.append(self)
@@ -199,8 +208,11 @@ class GraphBuilder:
         backend = self.context.backend
         with backend._lock:
             self._check_open()
-            backend.call(backend._table.backendValidateOpConfig, backend._h.backend, op_config(False),
-                         what=f"backendValidateOpConfig of node {name!r}", op=op_type)
+            # backend-level validation follows the architecture of the device created last; for a context on another
+            # device only graphAddNode (which validates for the context's device) is meaningful
+            if self.context.soc_model == backend.last_device_soc:
+                backend.call(backend._table.backendValidateOpConfig, backend._h.backend, op_config(False),
+                             what=f"backendValidateOpConfig of node {name!r}", op=op_type)
             for _, pspec, data in tensor_params:
                 self._create(pspec, abi.TensorType.STATIC, data)
             for spec, declared in out_specs:

@@ -74,6 +74,7 @@ class _Handles:
         self.device: int | None = None
         self.log: int | None = None
         self.context: int | None = None
+        self.devices: dict[int, int] = {}  # SoC-configured devices: socModel -> handle
         self.children: list[weakref.finalize] = []
 
 
@@ -82,6 +83,9 @@ def _free_backend(table: FunctionTable, h: _Handles, sink: _LogSink | None, lock
         for child in reversed(h.children):
             child()
         h.children.clear()
+        for handle in h.devices.values():
+            table.deviceFree(handle)
+        h.devices.clear()
         if h.device is not None:
             table.deviceFree(h.device)
             h.device = None
@@ -111,6 +115,8 @@ class QnnBackend:
         self.kind = kind
         self._lock = threading.RLock()
         self._h = _Handles()
+        #: SoC of the device created last: the HTP's backend-level op validation follows that device's architecture
+        self.last_device_soc: int | None = None
         self._sink = _LogSink() if log_level is not None else None
         self._finalizer = weakref.finalize(self, _free_backend, table, self._h, self._sink, self._lock)
         try:
@@ -194,14 +200,43 @@ class QnnBackend:
         self._h.children.append(finalizer)
 
     # ------------------------------------------------------------------------------------------ contexts
-    def create_context(self) -> Context:
-        """A new, empty context to build graphs in."""
-        return Context._create(self)
+    def device(self, soc_model: int | None = None) -> int | None:
+        """The device handle for QNN SoC id ``soc_model`` (created once, configured with the SoC, from which the
+        HTP takes its architecture: e.g. 57 = SM8650, v75); ``None``: the backend's default device (on the x86
+        emulator: HTP v68)."""
+        if soc_model is None:
+            return self._h.device
+        soc = int(soc_model)
+        with self._lock:
+            self._require_open()
+            if soc not in self._h.devices:
+                from edgeport_qnn.sdk.configs import config_list, htp_device_records
+
+                keep = Keep()
+                configs = config_list(htp_device_records(soc, keep), keep) if self.kind == "htp" else None
+                out = C.c_void_p()
+                self.call(self._table.deviceCreate, self._h.log, configs, C.byref(out),
+                          what=f"deviceCreate for SoC {soc}")
+                self._h.devices[soc] = out.value
+                self.last_device_soc = soc
+                _SOC_CONFIGURED.set()
+            return self._h.devices[soc]
+
+    @property
+    def soc_configured(self) -> bool:
+        """Whether a SoC-configured device was created in this process (by any backend instance). On the x86
+        emulator this is sticky for the process: every float32 graph prepared afterwards, on any device, runs at
+        fp16 precision."""
+        return _SOC_CONFIGURED.is_set()
+
+    def create_context(self, soc_model: int | None = None) -> Context:
+        """A new, empty context to build graphs in, on the device of ``soc_model`` (see :meth:`device`)."""
+        return Context._create(self, soc_model)
 
     def load_context(self, binary: bytes | bytearray | memoryview, *, raw: bool = False,
-                     probe: bool = True) -> Context:
+                     probe: bool = True, soc_model: int | None = None) -> Context:
         """A context loaded from a context binary (see :meth:`Context.from_binary`)."""
-        return Context.from_binary(self, binary, raw=raw, probe=probe)
+        return Context.from_binary(self, binary, raw=raw, probe=probe, soc_model=soc_model)
 
     def close(self) -> None:
         """Free the device, the backend and the log handle (and any context still open). Idempotent."""
@@ -218,6 +253,10 @@ class QnnBackend:
         return f"<QnnBackend {self.kind} {self.provider_name} api={self.api_version[0]} {state}>"
 
 
+_SOC_CONFIGURED = threading.Event()  #: a SoC-configured HTP device was created in this process (see soc_configured)
+_STAGE_BYTES = 16384  #: inputs/outputs up to this size are copied through buffers bound once
+
+
 class Graph:
     """A finalized graph: run it with :meth:`execute`."""
 
@@ -231,46 +270,83 @@ class Graph:
         keep = self._keep = Keep()
         self._in_templates = [make_tensor(s, abi.TensorType.APP_WRITE, keep, tensor_id=i) for s, i in inputs]
         self._out_templates = [make_tensor(s, abi.TensorType.APP_READ, keep, tensor_id=i) for s, i in outputs]
+        # the tensor arrays graphExecute reads, built once: a run only points their buffers at its arrays (under
+        # the backend lock), so per-run Python work stays small (it is most of a small graph's latency)
+        self._ins = (abi.Tensor * max(len(self._in_templates), 1))(*self._in_templates)
+        self._outs = (abi.Tensor * max(len(self._out_templates), 1))(*self._out_templates)
+        self._in_bufs = [self._ins[i].v1.client_buf for i in range(len(self.inputs))]
+        self._out_bufs = [self._outs[i].v1.client_buf for i in range(len(self.outputs))]
+        for buf, spec in (*zip(self._in_bufs, self.inputs), *zip(self._out_bufs, self.outputs)):
+            buf.data_size = spec.nbytes
+        self._out_alloc = [(spec.shape, spec.dtype) for spec in self.outputs]
+        # small tensors go through buffers bound once (a copy costs less than binding a new array's address);
+        # large ones are bound per run (no copy)
+        self._in_stage = [np.empty(spec.shape, spec.dtype) if spec.nbytes <= _STAGE_BYTES else None
+                          for spec in self.inputs]
+        self._out_stage = [np.empty(spec.shape, spec.dtype) if spec.nbytes <= _STAGE_BYTES else None
+                           for spec in self.outputs]
+        for buf, stage in (*zip(self._in_bufs, self._in_stage), *zip(self._out_bufs, self._out_stage)):
+            if stage is not None:
+                buf.data = stage.ctypes.data
+        self._in_expected = [(spec.dtype, spec.shape) for spec in self.inputs]
+        self._ins_ptr = C.cast(self._ins, C.POINTER(abi.Tensor))
+        self._outs_ptr = C.cast(self._outs, C.POINTER(abi.Tensor))
+        self._n_in, self._n_out = len(self.inputs), len(self.outputs)
+        self._execute = context.backend._table.graphExecute
+        self._what = f"graphExecute of graph {name!r}"
 
-    def _check_inputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+    def _check_inputs(self, inputs: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+        if type(inputs) not in (list, tuple) and (isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence)):
             raise ValueError(f"graph {self.name!r}: inputs must be a list of numpy arrays")
         if len(inputs) != len(self.inputs):
             raise ValueError(f"graph {self.name!r} takes {len(self.inputs)} inputs, got {len(inputs)}")
-        checked = []
-        for spec, array in zip(self.inputs, inputs):
-            if not isinstance(array, np.ndarray):
-                raise ValueError(f"input {spec.name!r}: expected a numpy array, got {type(array).__name__}")
-            if array.dtype != spec.dtype:
-                raise ValueError(f"input {spec.name!r}: dtype {array.dtype} != expected {spec.dtype}")
-            if array.shape != spec.shape:
-                raise ValueError(f"input {spec.name!r}: shape {array.shape} != expected {spec.shape}")
-            if not (array.flags.c_contiguous and array.flags.aligned):
-                raise ValueError(f"input {spec.name!r}: array must be C-contiguous and aligned "
-                                 "(use numpy.ascontiguousarray)")
-            if array.nbytes != spec.nbytes:  # pragma: no cover - implied by dtype and shape
-                raise ValueError(f"input {spec.name!r}: {array.nbytes} bytes != expected {spec.nbytes}")
-            checked.append(array)
-        return checked
+        for i, ((dtype, shape), array) in enumerate(zip(self._in_expected, inputs)):
+            # a run's hot path: plain comparisons (dtype + shape imply the byte size QNN reads)
+            if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape or not (
+                    array.flags.c_contiguous and array.flags.aligned):
+                self._explain(i, array)
+        return inputs
+
+    def _explain(self, index: int, array: Any) -> None:
+        spec = self.inputs[index]
+        dtype, shape = spec.dtype, spec.shape
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"input {spec.name!r}: expected a numpy array, got {type(array).__name__}")
+        if array.dtype != dtype:
+            raise ValueError(f"input {spec.name!r}: dtype {array.dtype} != expected {dtype}")
+        if array.shape != shape:
+            raise ValueError(f"input {spec.name!r}: shape {array.shape} != expected {shape}")
+        if not (array.flags.c_contiguous and array.flags.aligned):
+            raise ValueError(f"input {spec.name!r}: array must be C-contiguous and aligned "
+                             "(use numpy.ascontiguousarray)")
+        if type(array) is not np.ndarray:  # a subclass: its buffer is still the array's
+            return
 
     def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the graph once. ``inputs`` match :attr:`inputs` exactly (dtype, shape, C-contiguous); returns
         fresh output arrays (quantized outputs hold raw values: dequantize with their ``quant``)."""
         arrays = self._check_inputs(inputs)
-        results = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
-        ins = (abi.Tensor * max(len(arrays), 1))()
-        outs = (abi.Tensor * max(len(results), 1))()
-        for table, templates, data in ((ins, self._in_templates, arrays), (outs, self._out_templates, results)):
-            for i, (template, array) in enumerate(zip(templates, data)):
-                table[i] = template
-                table[i].v1.client_buf.data = array.ctypes.data
-                table[i].v1.client_buf.data_size = array.nbytes
         backend = self.context.backend
         with backend._lock:
             self.context._require_open()
-            backend.call(backend._table.graphExecute, self._handle, ins, len(arrays), outs, len(results), None,
-                         None, what=f"graphExecute of graph {self.name!r}")
-        return results
+            for buf, stage, array in zip(self._in_bufs, self._in_stage, arrays):
+                if stage is None:
+                    buf.data = array.ctypes.data
+                else:
+                    np.copyto(stage, array)
+            fresh = [None if stage is not None else np.empty(shape, dtype)
+                     for stage, (shape, dtype) in zip(self._out_stage, self._out_alloc)]
+            for buf, array in zip(self._out_bufs, fresh):
+                if array is not None:
+                    buf.data = array.ctypes.data
+            sink = backend._sink
+            mark = sink.seq if sink is not None else 0
+            status = self._execute(self._handle, self._ins_ptr, self._n_in, self._outs_ptr, self._n_out, None, None)
+            code = status & 0xFFFF
+            if code != abi.SUCCESS:  # what QnnBackend.call raises, inlined for the hot path
+                raise QnnError(f"{self._what} failed", code, detail=backend._error_message(status),
+                               library_log=sink.since(mark) if sink is not None else [])
+            return [array if array is not None else stage.copy() for array, stage in zip(fresh, self._out_stage)]
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} inputs={[s.name for s in self.inputs]} outputs={[s.name for s in self.outputs]}>"
@@ -289,19 +365,23 @@ class Context:
         self._builders: list[Any] = []
         self._keep = Keep()
         self._loaded_from: C.Array | None = None
+        self.soc_model: int | None = None  #: the SoC of the device it was created on (None: default device)
 
     @classmethod
-    def _create(cls, backend: QnnBackend) -> Context:
+    def _create(cls, backend: QnnBackend, soc_model: int | None = None) -> Context:
         with backend._lock:
             backend._require_open()
+            device = backend.device(soc_model)
             out = C.c_void_p()
-            backend.call(backend._table.contextCreate, backend._h.backend, backend._h.device, None, C.byref(out),
+            backend.call(backend._table.contextCreate, backend._h.backend, device, None, C.byref(out),
                          what="contextCreate")
-            return cls(backend, out.value)
+            context = cls(backend, out.value)
+            context.soc_model = None if soc_model is None else int(soc_model)
+            return context
 
     @classmethod
     def from_binary(cls, backend: QnnBackend, binary: bytes | bytearray | memoryview, *, raw: bool = False,
-                    probe: bool = True) -> Context:
+                    probe: bool = True, soc_model: int | None = None) -> Context:
         """Load a context binary and retrieve its graphs (``context.graphs``).
 
         By default ``binary`` is edgeport's sealed form (:meth:`context_binary`): its size and SHA-256 are checked
@@ -311,7 +391,7 @@ class Context:
         binaries raise :class:`QnnError` (``ValueError``/``TypeError`` for empty or non-bytes input)."""
         from edgeport_qnn.sdk.binary import load_context
 
-        return load_context(cls, backend, binary, raw=raw, probe=probe)
+        return load_context(cls, backend, binary, raw=raw, probe=probe, soc_model=soc_model)
 
     @property
     def closed(self) -> bool:
@@ -328,11 +408,13 @@ class Context:
         if self.closed:
             raise QnnError("the QNN context is closed")
 
-    def graph_builder(self, name: str) -> GraphBuilder:
-        """Start building graph ``name`` in this context."""
+    def graph_builder(self, name: str, *, fp16: bool = False, optimization_level: int | None = None,
+                      vtcm_mb: int | None = None) -> GraphBuilder:
+        """Start building graph ``name`` in this context. HTP graph options: ``fp16`` runs float32 tensors in fp16
+        precision, ``optimization_level`` (1-3) is the finalize optimization level, ``vtcm_mb`` the VTCM size."""
         from edgeport_qnn.sdk.builder import GraphBuilder
 
-        return GraphBuilder(self, name)
+        return GraphBuilder(self, name, fp16=fp16, optimization_level=optimization_level, vtcm_mb=vtcm_mb)
 
     def graph(self, name: str | None = None) -> Graph:
         """Graph ``name`` (or the only graph)."""

@@ -17,18 +17,25 @@ import numpy as np
 import torch
 
 from edgeport.errors import LoweringError
-from edgeport_qnn.preprocess.lowering import Deq, Lowering, QConst, Val, arg, static_shape
+from edgeport_qnn.preprocess.lowering import Const, Deq, Lowering, QConst, Val, arg, static_shape
 from edgeport_qnn.preprocess.ops._common import pair, u32
 
 QUANTIZE = "quantized_decomposed.quantize_per_tensor.default"
 DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
 DEQUANTIZE_PER_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
-_RANGES = {torch.uint8: (np.uint8, 0, 255), torch.int8: (np.int8, -128, 127)}
+#: (torch dtype, quant_min, quant_max) -> the numpy (QNN) type of the quantized tensor; 16-bit activations come
+#: as int32 holding [0, 65535] (ExecuTorch's convention) and become QNN UFIXED_POINT_16
+_RANGES = {(torch.uint8, 0, 255): np.uint8, (torch.int8, -128, 127): np.int8, (torch.int32, 0, 65535): np.uint16,
+           (torch.uint16, 0, 65535): np.uint16, (torch.int16, -32768, 32767): np.int16}
 
 #: ops with a quantized form (the others dequantize their inputs and run in float)
-QUANT_OPS = {"aten.convolution.default", "aten.linear.default", "aten.add.Tensor", "aten.relu.default",
-             "aten.hardtanh.default", "aten.max_pool2d.default", "aten.avg_pool2d.default", "aten.mean.dim",
-             "aten.view_copy.default", "aten.permute_copy.default", "aten.cat.default"}
+QUANT_OPS = {"aten.convolution.default", "aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor",
+             "aten.mul.Tensor", "aten.relu.default", "aten.hardtanh.default", "aten.max_pool2d.default",
+             "aten.avg_pool2d.default", "aten.mean.dim", "aten.view_copy.default", "aten.permute_copy.default",
+             "aten.cat.default", "aten.sigmoid.default", "aten.tanh.default", "aten.hardswish.default",
+             "aten.gelu.default", "aten._softmax.default", "aten.native_layer_norm.default", "aten.bmm.default",
+             "aten.mm.default", "aten.squeeze_copy.dims", "aten.unsqueeze_copy.default", "aten.clone.default",
+             "aten.select_copy.int", "aten.slice_copy.Tensor", "aten.expand_copy.default"}
 
 
 _CLAMPS = {"aten.relu.default", "aten.hardtanh.default"}
@@ -37,12 +44,16 @@ _CLAMPS = {"aten.relu.default", "aten.hardtanh.default"}
 def quantizing_user(node: torch.fx.Node) -> torch.fx.Node | None:
     """The quantize that fixes ``node``'s output parameters: its only user, or the only user of a relu / hardtanh
     that is its only user (fused, as the quantizer annotates it)."""
+    import operator
+
     from edgeport.aot.capability_partitioner import op_name
 
     users = list(node.users)
     if len(users) != 1 or users[0].op != "call_function" or users[0].args[0] is not node:
         return None
     user = users[0]
+    if user.target is operator.getitem:  # layer norm: its normalized output only
+        return quantizing_user(user) if user.args[1] == 0 else None
     name = op_name(user.target)
     if name == QUANTIZE:
         return user
@@ -56,10 +67,10 @@ def quant_of(node: torch.fx.Node) -> tuple[Any, Any]:
     from edgeport_qnn.sdk import QuantParams
 
     scale, zp, qmin, qmax, dtype = node.args[1:6]
-    np_dtype, lo, hi = _RANGES.get(dtype, (None, None, None))
-    if np_dtype is None or (int(qmin), int(qmax)) != (lo, hi):
-        raise LoweringError(f"{node.name}: quantization {dtype} [{qmin}, {qmax}] is not lowered (full-range uint8 or "
-                            "int8 only)")
+    np_dtype = _RANGES.get((dtype, int(qmin), int(qmax)))
+    if np_dtype is None:
+        raise LoweringError(f"{node.name}: quantization {dtype} [{qmin}, {qmax}] is not lowered (full-range uint8, "
+                            "int8, int16, or [0, 65535] in int32 for uint16)")
     return np_dtype, QuantParams(float(scale), int(zp))
 
 
@@ -73,8 +84,13 @@ def quantize(lw: Lowering, node: torch.fx.Node) -> Val:
                    like=Val("", (), dtype=dtype, quant=q))
 
 
-def dequantize(lw: Lowering, node: torch.fx.Node) -> Deq:
+def dequantize(lw: Lowering, node: torch.fx.Node) -> Deq | QConst:
     src = lw.values.get(node.args[0])
+    if isinstance(src, Const) and not isinstance(src, QConst):  # a quantized constant (folded by convert_pt2e)
+        dtype, q = quant_of(node)
+        raw = np.asarray(src.data).astype(dtype)
+        real = (raw.astype(np.float64) - q.zero_points[0]) * q.scales[0]
+        return QConst(real.astype(np.float32), raw=raw, scales=q.scales, zero_points=q.zero_points, axis=None)
     if not (isinstance(src, Val) and src.quant is not None):
         raise LoweringError(f"{node.name}: dequantizes {node.args[0].name}, which is not a quantized tensor of this "
                             "partition")
@@ -98,8 +114,9 @@ def dequantize_per_channel(lw: Lowering, node: torch.fx.Node) -> QConst:
 
 def _weights(lw: Lowering, node: torch.fx.Node, index: int) -> QConst:
     w = lw.values.get(node.args[index])
-    if not isinstance(w, QConst) or w.raw.dtype != np.int8 or w.axis != 0 or any(w.zero_points):
-        raise LoweringError(f"{node.name}: quantized weights must be int8, symmetric, per output channel")
+    if (not isinstance(w, QConst) or w.raw.dtype not in (np.int8, np.int16) or w.axis != 0
+            or any(w.zero_points)):
+        raise LoweringError(f"{node.name}: quantized weights must be int8 or int16, symmetric, per output channel")
     return w
 
 
@@ -158,6 +175,55 @@ def linear(lw: Lowering, node: torch.fx.Node) -> Val:
     return y if len(out) == 2 else lw.node("Reshape", [y.name], out)
 
 
+def gelu(lw: Lowering, node: torch.fx.Node) -> Val:
+    """QNN ``Gelu`` on quantized tensors (the HTP prepares it quantized; only its fp32 form is refused)."""
+    return lw.unary("Gelu", lw.value(node.args[0]))
+
+
+def layer_norm(lw: Lowering, node: torch.fx.Node) -> tuple:
+    """QNN ``LayerNorm`` on quantized tensors: the HTP takes it with a uint8 (asymmetric, per-tensor) gamma and an
+    int32 beta, the only forms it validates (int8/16-bit/float gamma are refused)."""
+    from edgeport_qnn.sdk import QuantParams
+
+    v = lw.nchw(lw.value(node.args[0]))
+    normalized = [int(d) for d in node.args[1]]
+    w = lw.const(node.args[2]) if node.args[2] is not None else np.ones(normalized, np.float32)
+    b = lw.const(node.args[3]) if node.args[3] is not None else np.zeros(normalized, np.float32)
+    if w is None or b is None:
+        raise LoweringError("layer norm weight and bias must be constants")
+    w64 = np.asarray(w, np.float64)
+    lo, hi = min(float(w64.min()), 0.0), max(float(w64.max()), 0.0)
+    scale = (hi - lo) / 255 if hi > lo else 1.0
+    zp = int(np.clip(round(-lo / scale), 0, 255))
+    gamma = np.clip(np.round(w64 / scale) + zp, 0, 255).astype(np.uint8)
+    g_name = lw.fresh("qgamma")
+    lw.g.add_static(g_name, gamma, QuantParams(scale, zp))
+    b64 = np.asarray(b, np.float64)
+    b_scale = max(float(np.abs(b64).max()), 1e-6) / 2**30
+    b_name = lw.fresh("qbeta")
+    lw.g.add_static(b_name, np.round(b64 / b_scale).astype(np.int32), QuantParams(b_scale, 0))
+    rank = len(v.shape)
+    axes = np.asarray(range(rank - len(normalized), rank), np.uint32)
+    y = lw.node("LayerNorm", [v.name, g_name, b_name], v.shape, {"axes": axes, "epsilon": float(node.args[4])})
+    return (y, None, None)
+
+
+def matmul(lw: Lowering, node: torch.fx.Node) -> Val:
+    """QNN ``MatMul`` on quantized tensors. The HTP's 16-bit ``MatMul`` takes only a symmetric second operand
+    (zero point 32768): another one is first re-encoded with QNN ``Convert`` to the symmetric range covering it."""
+    from edgeport_qnn.sdk import QuantParams
+
+    a, b = lw.nchw(lw.value(node.args[0])), lw.nchw(lw.value(node.args[1]))
+    if b.dtype is np.uint16 and b.quant.zero_points[0] != 32768:
+        s, z = b.quant.scales[0], b.quant.zero_points[0]
+        bound = max(z * s, (65535 - z) * s)
+        b = lw.node("Convert", [b.name], b.shape, like=Val("", (), dtype=np.uint16,
+                                                            quant=QuantParams(bound / 32767, 32768)))
+    return lw.node("MatMul", [a.name, b.name], static_shape(node), {"transpose_in0": False, "transpose_in1": False})
+
+
 LOWERINGS = {QUANTIZE: quantize, DEQUANTIZE: dequantize, DEQUANTIZE_PER_CHANNEL: dequantize_per_channel}
-QUANTIZED_LOWERINGS = {"aten.convolution.default": convolution, "aten.linear.default": linear}
+QUANTIZED_LOWERINGS = {"aten.convolution.default": convolution, "aten.linear.default": linear,
+                       "aten.gelu.default": gelu, "aten.native_layer_norm.default": layer_norm,
+                       "aten.bmm.default": matmul, "aten.mm.default": matmul}
 

@@ -17,9 +17,9 @@ def softmax(lw: Lowering, node: torch.fx.Node, op: str = "Softmax") -> Val:
     # the HTP takes softmax over the last axis only: move the axis there and back
     perm = [d for d in range(rank) if d != axis] + [axis]
     inverse = [perm.index(d) for d in range(rank)]
-    moved = lw.node("Transpose", [v.name], tuple(v.shape[d] for d in perm), {"perm": u32(perm)})
+    moved = lw.node("Transpose", [v.name], tuple(v.shape[d] for d in perm), {"perm": u32(perm)}, like=v)
     y = lw.node(op, [moved.name], moved.shape, {"axis": rank - 1, "beta": 1.0})
-    return lw.node("Transpose", [y.name], v.shape, {"perm": u32(inverse)})
+    return lw.node("Transpose", [y.name], v.shape, {"perm": u32(inverse)}, like=y)
 
 
 def log_softmax(lw: Lowering, node: torch.fx.Node) -> Val:
