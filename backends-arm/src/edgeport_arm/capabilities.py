@@ -3,14 +3,18 @@
 Torch-free: constraints read only ``node.args`` / ``node.kwargs`` and ``meta["val"]``. The table lists what the
 TOSA lowering handles in float (``TOSA-1.0+FP``) or int8 (``TOSA-1.0+INT``, graphs from torchao's pt2e flow:
 the ``quantized_decomposed`` quantize / dequantize ops are claimed too). Profile-dependent rules (which ops have
-an int8 lowering) are :data:`INT8_UNSUPPORTED`; :func:`ethos_u_problem` adds what Vela 5.2.0 places on the NPU
-from a TOSA graph (its ``tosa_supported_operators``): no MATMUL, REDUCE_* or activation TRANSPOSE on the NPU,
-batch 1 for 4-D tensors outside elementwise/concat/reshape/pad, dimensions up to 65535, rank up to 4 (6 for
-elementwise), depthwise multiplier 1 (or one input channel), average pooling without padding.
+an int8 lowering) are :data:`INT8_UNSUPPORTED`, and int16 activations (a16w8) are lowered for
+:data:`INT16_SUPPORTED` only. :func:`ethos_u_problem` adds what Vela 5.2.0 places on the NPU from a TOSA graph,
+measured per operator: int8 MATMUL, TRANSPOSE, REDUCE_SUM / REDUCE_MAX and TABLE run on the NPU of the U55 and
+the U85 (the U55 within its 65536-element limits for TRANSPOSE and REDUCE_*); the MAC operators (convolution,
+linear, pooling) need batch 1 for 4-D tensors and rank <= 4, the others rank <= 5; dimensions up to 65535;
+depthwise multiplier 1 (or one input channel); average pooling without padding.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
@@ -20,8 +24,8 @@ from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value as _val
 
 _F = ("float32",)
-_FI = ("float32", "int8")
-_QUANT_IO = ("float32", "int8", "float64", "int32", "int64")
+_FI = ("float32", "int8", "int16")
+_QUANT_IO = ("float32", "int8", "int16", "float64", "int32", "int64")
 MAX_DIM = 65535
 
 
@@ -82,6 +86,12 @@ def _pad(node: Any) -> str | None:
     return "negative padding" if any(int(p) < 0 for p in node.args[1]) else _static(node)
 
 
+def _sum(node: Any) -> str | None:
+    if arg(node, 3, "dtype") is not None:
+        return "sum with an explicit dtype"
+    return _static(node)
+
+
 def _per_tensor_int8(node: Any) -> str | None:
     args = node.args
     if len(args) < 6 or not all(isinstance(a, (int, float)) for a in args[1:5]):
@@ -99,13 +109,16 @@ def _rank(limit: int) -> Any:
 _TABLE = (
     OpCapability("aten.convolution.default", _F, _conv, "CONV2D / DEPTHWISE_CONV2D (NHWC)"),
     OpCapability("aten.linear.default", _F, _static, "1x1 CONV2D"),
-    OpCapability("aten.mm.default", _F, _static, "MATMUL"),
-    OpCapability("aten.bmm.default", _F, _static, "MATMUL"),
+    OpCapability("aten.mm.default", _F, _static, "MATMUL (int8: int32 result, one RESCALE)"),
+    OpCapability("aten.bmm.default", _F, _static, "MATMUL (int8: int32 result, one RESCALE)"),
     OpCapability("aten.add.Tensor", _F, _alpha, "ADD (int8: both inputs RESCALEd to int32)"),
     OpCapability("aten.sub.Tensor", _F, _alpha, "SUB"),
     OpCapability("aten.mul.Tensor", _F, _static, "MUL"),
     OpCapability("aten.mul.Scalar", _F, lambda n: _static(n) if isinstance(n.args[1], (int, float)) and n.args[1] > 0
                  else "only a positive constant scalar", "MUL (int8: a change of scale, no operator)"),
+    OpCapability("aten.add.Scalar", _F, lambda n: _static(n) if isinstance(n.args[1], (int, float))
+                 and arg(n, 2, "alpha", 1) == 1 else "only a constant scalar, alpha 1",
+                 "ADD of a constant (int8: in int32 on a finer scale)"),
     OpCapability("aten.relu.default", _F, _static, "CLAMP (int8: fused into the next RESCALE's clamp)"),
     OpCapability("aten.hardtanh.default", _F, _static, "CLAMP"),
     OpCapability("aten.clamp.default", _F, _static, "CLAMP"),
@@ -113,13 +126,20 @@ _TABLE = (
     OpCapability("aten.tanh.default", _F, _static, "TANH (int8: TABLE)"),
     OpCapability("aten.hardswish.default", _F, _static, "ADD/CLAMP/MUL (int8: TABLE)"),
     OpCapability("aten.gelu.default", _F, _static, "ERF or TANH arithmetic (int8: TABLE)"),
+    OpCapability("aten.exp.default", _F, _static, "EXP (int8: TABLE)"),
+    OpCapability("aten.reciprocal.default", _F, _static, "RECIPROCAL (int8: TABLE)"),
+    OpCapability("aten.rsqrt.default", _F, _static, "RSQRT (int8: TABLE)"),
+    OpCapability("aten.amax.default", _F, _static, "REDUCE_MAX (int8: on the codes)"),
+    OpCapability("aten.sum.dim_IntList", _F, _sum, "REDUCE_SUM (int8: in int32, rescaled once)"),
     OpCapability("aten.max_pool2d.default", _F, _max_pool, "MAX_POOL2D"),
     OpCapability("aten.max_pool2d_with_indices.default", _F, _max_pool, "MAX_POOL2D (values only)"),
     OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "AVG_POOL2D"),
     OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "AVG_POOL2D over H, W"),
     OpCapability("aten.mean.dim", _F, _static, "AVG_POOL2D (H, W) or REDUCE_SUM x 1/N"),
-    OpCapability("aten._softmax.default", _F, _static, "float only: REDUCE_MAX, EXP, REDUCE_SUM, RECIPROCAL"),
-    OpCapability("aten.native_layer_norm.default", _F, _static, "float only: REDUCE_SUM, RSQRT"),
+    OpCapability("aten._softmax.default", _F, _static,
+                 "REDUCE_MAX, EXP, REDUCE_SUM, RECIPROCAL (int8: the quantizer decomposes it into the ops of this table)"),
+    OpCapability("aten.native_layer_norm.default", _F, _static,
+                 "REDUCE_SUM, RSQRT (int8: the quantizer decomposes it into the ops of this table)"),
     OpCapability("aten.view_copy.default", _F, _static, "RESHAPE"),
     OpCapability("aten._unsafe_view.default", _F, _static, "RESHAPE"),
     OpCapability("aten.squeeze_copy.dims", _F, _static, "RESHAPE"),
@@ -138,14 +158,45 @@ _QUANT = (
     OpCapability("quantized_decomposed.dequantize_per_channel.default", _QUANT_IO, None, "weights only"),
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
-INT8_UNSUPPORTED = {"aten._softmax.default": "int8 softmax is not lowered yet",
-                    "aten.native_layer_norm.default": "int8 layer norm is not lowered yet"}
-ETHOS_U_NO_NPU = {
-    "aten.mm.default": "Vela runs TOSA MATMUL on the CPU, not the NPU",
-    "aten.bmm.default": "Vela runs TOSA MATMUL on the CPU, not the NPU",
-    "aten.permute_copy.default": "Vela puts a TRANSPOSE of activations on the CPU",
-    "aten._softmax.default": "no int8 lowering", "aten.native_layer_norm.default": "no int8 lowering",
+INT8_UNSUPPORTED: dict[str, str] = {
+    "aten._softmax.default": "int8 softmax is lowered from its decomposition (EthosUQuantizer / TOSAQuantizer "
+                             "decompose it before annotating); a whole softmax here was left in float",
+    "aten.native_layer_norm.default": "int8 layer norm is lowered from its decomposition (EthosUQuantizer / "
+                                      "TOSAQuantizer decompose it before annotating); a whole layer norm here was "
+                                      "left in float",
 }
+# Vela 5.2.0 (regor) places int8 MATMUL, TRANSPOSE, REDUCE_SUM / REDUCE_MAX and TABLE on the NPU of both the
+# U55 and the U85 (measured per operator); on the U55 within the size limits below (those ExecuTorch's U55
+# support checks use).
+ETHOS_U_NO_NPU = {
+    "aten._softmax.default": "no int8 lowering of a whole softmax",
+    "aten.native_layer_norm.default": "no int8 lowering of a whole layer norm",
+}
+# what the int16 (a16w8) lowering handles: int16 activations, int8 weights, int48 / int32 accumulators
+INT16_SUPPORTED = frozenset({
+    "aten.convolution.default", "aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor", "aten.relu.default",
+    "aten.hardtanh.default", "aten.clamp.default", "aten.view_copy.default", "aten._unsafe_view.default",
+    "aten.squeeze_copy.dims", "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default", "aten.clone.default",
+    "aten.permute_copy.default",
+})
+
+
+def reads_or_writes_int16(node: Any) -> bool:
+    """Whether a node of a pt2e graph works on int16 quantized activations (a16w8)."""
+    def q16(n: Any) -> bool:
+        return (getattr(n, "op", None) == "call_function" and "quantize_per_tensor" in str(n.target)
+                and len(n.args) > 5 and str(n.args[5]) == "torch.int16")
+    return q16(node) or any(q16(a) for a in getattr(node, "all_input_nodes", [])) or any(
+        q16(u) for u in getattr(node, "users", {}))
+
+
+_U55_MAX_PRODUCT = 65536
+# operators Vela runs on its MAC engine: batch 1 for 4-D tensors and rank <= 4 (measured: the others -- MATMUL,
+# TRANSPOSE, SLICE, TABLE, elementwise -- compile to the NPU with a batch above 1 and with rank 5 too)
+_MAC_OPS = ("aten.convolution.default", "aten.linear.default", "aten.max_pool2d.default",
+            "aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default",
+            "aten.mean.dim")
+_REDUCTIONS = ("aten.sum.dim_IntList", "aten.amax.default", "aten.mean.dim")
 ALL_CAPABILITIES = CapabilityTable(_TABLE + _QUANT)
 
 
@@ -154,15 +205,33 @@ def capabilities() -> CapabilityTable:
     return CapabilityTable(_TABLE)
 
 
-def ethos_u_problem(node: Any, name: str) -> str | None:
-    """Why Vela would not place this node's TOSA operators on the NPU, or ``None``."""
+def _u55_problem(node: Any, name: str) -> str | None:
+    """The Ethos-U55's size limits for TRANSPOSE and REDUCE_* (beyond them Vela may use the CPU)."""
+    s = shape_of(node.args[0])
+    if s is None:
+        return None
+    if name == "aten.permute_copy.default":
+        # worst case over the physical order: any rank-2 dimensions together at most 65536 elements
+        k = max(1, len(s) - 2)
+        if any(math.prod(c) > _U55_MAX_PRODUCT for c in itertools.combinations(s, k)):
+            return f"a transpose of shape {tuple(s)} exceeds the U55's {_U55_MAX_PRODUCT}-element limit"
+    if name in _REDUCTIONS:
+        dims = arg(node, 1, "dim")
+        dims = list(range(len(s))) if not dims else ([dims] if isinstance(dims, int) else list(dims))
+        for d in (int(d) % len(s) for d in dims):
+            if max(math.prod(s[:d]), s[d], math.prod(s[d + 1:])) > _U55_MAX_PRODUCT:
+                return f"a reduction over axis {d} of shape {tuple(s)} exceeds the U55's {_U55_MAX_PRODUCT} limit"
+    return None
+
+
+def ethos_u_problem(node: Any, name: str, target: str = "ethos-u55-128") -> str | None:
+    """Why Vela would not place this node's TOSA operators on the NPU of ``target``, or ``None``."""
     if name in ETHOS_U_NO_NPU:
         return ETHOS_U_NO_NPU[name]
-    if name == "aten.mean.dim":
-        s = shape_of(node.args[0])
-        dims = sorted(int(d) % len(s) for d in (arg(node, 1, "dim") or range(len(s)))) if s else None
-        if dims != [2, 3] or len(s) != 4:
-            return "mean over axes other than H and W needs REDUCE_SUM, which Vela runs on the CPU"
+    if target.startswith("ethos-u55"):
+        why = _u55_problem(node, name)
+        if why:
+            return why
     if name == "aten.avg_pool2d.default" and any(_pair(arg(node, 3, "padding", 0))):
         return "Vela supports average pooling without padding only"
     if name == "aten.convolution.default":
@@ -181,8 +250,8 @@ def ethos_u_problem(node: Any, name: str) -> str | None:
             continue
         if any(d > MAX_DIM for d in s):
             return f"tensor {n.name} has a dimension above {MAX_DIM}"
-        if not free_rank and len(s) > 4:
-            return f"tensor {n.name} has rank {len(s)} > 4"
-        if not free_rank and not name.startswith("quantized_decomposed") and len(s) == 4 and s[0] != 1:
+        if not free_rank and len(s) > (4 if name in _MAC_OPS else 5):
+            return f"tensor {n.name} has rank {len(s)} > {4 if name in _MAC_OPS else 5}"
+        if name in _MAC_OPS and len(s) == 4 and s[0] != 1:
             return f"tensor {n.name} has batch {s[0]}: Ethos-U needs batch 1 for 4-D tensors"
     return None

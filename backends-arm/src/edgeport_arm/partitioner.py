@@ -3,8 +3,9 @@
 Integer profiles take *quantized islands* only: a compute node is delegated when each tensor it reads comes from
 a delegated dequantize (or a constant, or another delegated compute node) and each of its users is delegated
 too; a dequantize is delegated when all its users are, a quantize when what it quantizes is. So every delegate
-takes and returns int8 -- the quantize of a model input and the dequantize of an output stay on the CPU, as in
-ExecuTorch's Arm flow -- and no float tensor crosses into an integer graph. ``EthosUPartitioner`` also applies
+takes and returns int8 (int16 for a16w8 activations, on ops with an int16 lowering) -- the quantize of a model
+input and the dequantize of an output stay on the CPU, as in ExecuTorch's Arm flow -- and no float tensor
+crosses into an integer graph. ``EthosUPartitioner`` also applies
 what Vela places on the NPU (:func:`~edgeport_arm.capabilities.ethos_u_problem`) and, by default, refuses a model
 that would leave float compute on the CPU (``cpu_fallback=True`` allows it). Every rejected node's reason is in
 :attr:`rejections` after :meth:`partition`.
@@ -31,8 +32,10 @@ from edgeport_arm.capabilities import (
     DEQUANTIZE,
     DEQUANTIZE_PER_CHANNEL,
     INT8_UNSUPPORTED,
+    INT16_SUPPORTED,
     QUANTIZE,
     ethos_u_problem,
+    reads_or_writes_int16,
 )
 from edgeport_arm.options import ETHOSU_BACKEND_ID, TOSA_BACKEND_ID, EthosUCompileSpec, TosaCompileSpec
 
@@ -70,6 +73,11 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
             return f"{name}: a quantized graph needs an integer profile (TosaCompileSpec('TOSA-1.0+INT'))"
         if self.integer and name in INT8_UNSUPPORTED:
             return f"{name}: {INT8_UNSUPPORTED[name]}"
+        if self.integer and reads_or_writes_int16(node):
+            if "int16" not in self.compile_spec.specification.extensions:
+                return f"{name}: int16 activations need the int16 extension ('TOSA-1.0+INT+int16')"
+            if not quant and name not in INT16_SUPPORTED:
+                return f"{name}: no int16 (a16w8) lowering yet"
         for i in _CONSTANT_ARGS.get(name, ()):
             a = node.args[i] if i < len(node.args) else None
             if a is not None and not self._is_constant(a) and not (
@@ -77,7 +85,7 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
                     and all(self._is_constant(x) for x in a.all_input_nodes)):
                 return f"{name}: argument {i} ({getattr(a, 'name', a)}) is not a constant (weights must be static)"
         if self.ethos_u:
-            why = ethos_u_problem(node, name)
+            why = ethos_u_problem(node, name, getattr(self.compile_spec, "target", "ethos-u55-128"))
             if why:
                 return f"{name}: {why}"
         if self._user_filter is not None:

@@ -13,10 +13,18 @@ affine activations ([-128, 127]) on its inputs and output; convolution and linea
 output channel ([-127, 127]); biases stay float (the lowering quantizes them to int32 with scale
 ``input_scale * weight_scale``); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
 is fused (only its output is quantized). Max pooling, reshapes, permutes and padding share their input's
-parameters. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` get their own output parameters (they become
-int8 lookup tables), and so do average pooling and ``mean`` (an int32 sum rescaled once: on the input's own scale
-exact .5 ties are frequent, and integer hardware rounds them up where torch rounds to even). Ops without an int8 lowering (softmax, layer norm) stay float; ``EthosUPartitioner`` then
-names them unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen nodes in float.
+parameters, and so does ``amax``. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` / ``exp`` / ``reciprocal`` /
+``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do average pooling, ``mean``
+and ``sum`` (an int32 sum rescaled once: on the input's own scale exact .5 ties are frequent, and integer
+hardware rounds them up where torch rounds to even). Softmax, layer norm and unmasked attention are decomposed
+into those primitives before annotation (:mod:`edgeport_arm.decompose`); what has no int8 lowering stays float,
+and ``EthosUPartitioner`` then names it unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen
+nodes in float.
+
+``a16w8=True`` (ExecuTorch's ``get_symmetric_a16w8_quantization_config``): int16 symmetric activations
+([-32767, 32767]) with the same int8 weights, for targets with TOSA's int16 extension (``TOSA-1.0+INT+int16``,
+every Ethos-U target). Lowered in int16 so far: convolution, linear, add/sub, relu/clamp and the shape ops
+(:data:`~edgeport_arm.capabilities.INT16_SUPPORTED`); the rest stays on the CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
+from edgeport_arm.decompose import decompose_for_annotation
 from edgeport_arm.options import EthosUCompileSpec, TosaCompileSpec
 
 __all__ = ["EthosUQuantizer", "TOSAQuantizer"]
@@ -50,15 +59,15 @@ _MATMUL = {_aten.matmul.default, _aten.bmm.default, _aten.mm.default}
 _CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _aten.hardtanh_.default,
            _aten.clamp.default, _aten.clamp_.default, _aten.relu6.default}
 _TABLES = {_aten.sigmoid.default, _aten.tanh.default, _aten.hardswish.default, _aten.hardswish_.default,
-           _aten.gelu.default}
+           _aten.gelu.default, _aten.exp.default, _aten.reciprocal.default, _aten.rsqrt.default}
 # averages get their own output parameters: on the input's scale, exact .5 ties are frequent and integer
 # hardware rounds them differently from torch
-_AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim}
+_AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sum.dim_IntList}
 _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
            _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
            _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
            _aten.pad.default, _aten.constant_pad_nd.default, _aten.slice.Tensor, _aten._unsafe_view.default,
-           _aten.select.int}
+           _aten.select.int, _aten.unflatten.int, _aten.amax.default}
 
 
 def _is_float(a: Any) -> bool:
@@ -72,7 +81,7 @@ def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
 
 class _ArmQuantizer(Quantizer):
     def __init__(self, compile_spec: TosaCompileSpec | EthosUCompileSpec | None, *, observer: str,
-                 node_filter: Callable[[Node], bool] | None) -> None:
+                 node_filter: Callable[[Node], bool] | None, a16w8: bool = False) -> None:
         super().__init__()
         spec = compile_spec.specification if compile_spec is not None else None
         if spec is not None and not spec.is_int:
@@ -84,14 +93,30 @@ class _ArmQuantizer(Quantizer):
         self.compile_spec = compile_spec
         self.observer = observer
         self.node_filter = node_filter
-        self.act = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
-                                    observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS))
+        if a16w8 and spec is not None and "int16" not in spec.extensions:
+            raise ValueError(f"{type(self).__name__}: a16w8 needs a target with TOSA's int16 extension, e.g. "
+                             f"TosaCompileSpec('TOSA-1.0+INT+int16'); {compile_spec!r} has none")
+        self.a16w8 = a16w8
+        if a16w8:  # ExecuTorch's get_symmetric_a16w8_quantization_config: int16 symmetric activations
+            self.act = QuantizationSpec(dtype=torch.int16, quant_min=-32767, quant_max=32767,
+                                        qscheme=torch.per_tensor_symmetric,
+                                        observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS))
+        else:
+            self.act = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127,
+                                        qscheme=torch.per_tensor_affine,
+                                        observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS))
         self.weight = QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127,
                                        qscheme=torch.per_channel_symmetric, ch_axis=0,
                                        observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.compile_spec!r}, observer={self.observer!r})"
+        extra = ", a16w8=True" if self.a16w8 else ""
+        return f"{type(self).__name__}({self.compile_spec!r}, observer={self.observer!r}{extra})"
+
+    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        """Softmax, layer norm and unmasked attention become primitives, each quantized on its own
+        (:func:`~edgeport_arm.decompose.decompose_for_annotation`)."""
+        return decompose_for_annotation(model)
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check beyond what :meth:`annotate` enforces while annotating."""
@@ -104,7 +129,7 @@ class _ArmQuantizer(Quantizer):
             if t in _GEMM:
                 self._gemm(node)
             elif t in _BINARY and not isinstance(node.args[1], Node) and _is_float(node.args[0]):
-                if t in (_aten.mul.Tensor, _aten.mul_.Tensor):  # by a constant: own output parameters
+                if isinstance(node.args[1], (int, float)):  # by / plus a constant: own output parameters
                     self._mark(node, {node.args[0]: self.act}, self.act)
             elif t in _BINARY or t in _MATMUL:
                 self._binary(node)
@@ -167,13 +192,15 @@ class TOSAQuantizer(_ArmQuantizer):
     """int8 quantization for ``TOSABackend`` (``TosaCompileSpec("TOSA-1.0+INT")``)."""
 
     def __init__(self, compile_spec: TosaCompileSpec | None = None, *, observer: str = "histogram",
-                 node_filter: Callable[[Node], bool] | None = None) -> None:
-        super().__init__(compile_spec or TosaCompileSpec("TOSA-1.0+INT"), observer=observer, node_filter=node_filter)
+                 node_filter: Callable[[Node], bool] | None = None, a16w8: bool = False) -> None:
+        super().__init__(compile_spec or TosaCompileSpec("TOSA-1.0+INT"), observer=observer, node_filter=node_filter,
+                         a16w8=a16w8)
 
 
 class EthosUQuantizer(_ArmQuantizer):
     """int8 quantization for ``EthosUBackend`` (the whole model: the NPU runs integers only)."""
 
     def __init__(self, compile_spec: EthosUCompileSpec | None = None, *, observer: str = "histogram",
-                 node_filter: Callable[[Node], bool] | None = None) -> None:
-        super().__init__(compile_spec or EthosUCompileSpec(), observer=observer, node_filter=node_filter)
+                 node_filter: Callable[[Node], bool] | None = None, a16w8: bool = False) -> None:
+        super().__init__(compile_spec or EthosUCompileSpec(), observer=observer, node_filter=node_filter,
+                         a16w8=a16w8)

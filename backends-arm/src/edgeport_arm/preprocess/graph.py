@@ -18,22 +18,23 @@ from edgeport.errors import LoweringError
 DType = ts.DType
 Op = ts.Op
 
-_NP = {DType.INT8: np.int8, DType.INT16: np.int16, DType.INT32: np.int32, DType.FP32: np.float32,
+_NP = {DType.INT8: np.int8, DType.INT16: np.int16, DType.INT32: np.int32, DType.INT48: np.int64, DType.FP32: np.float32,
        DType.BOOL: np.bool_}
 
 
-def scale_to_multiplier_shift(scale: float) -> tuple[int, int]:
-    """``scale ~= multiplier * 2**-shift`` with a 31-bit multiplier and 2 <= shift <= 62 (TOSA RESCALE, scale32)."""
+def scale_to_multiplier_shift(scale: float, bits: int = 31) -> tuple[int, int]:
+    """``scale ~= multiplier * 2**-shift`` with a ``bits``-bit multiplier (31: scale32, 15: the 16-bit multiplier
+    int48 inputs need) and 2 <= shift <= 62 (TOSA RESCALE)."""
     if not math.isfinite(scale) or scale <= 0:
         raise LoweringError(f"quantization scale ratio {scale!r} is not a positive finite number")
     mantissa, exponent = math.frexp(scale)
-    multiplier = round(mantissa * (1 << 31))
-    if multiplier == 1 << 31:
+    multiplier = round(mantissa * (1 << bits))
+    if multiplier == 1 << bits:
         multiplier //= 2
         exponent += 1
-    shift = 31 - exponent
+    shift = bits - exponent
     if shift > 62:
-        multiplier >>= min(31, shift - 62)
+        multiplier >>= min(bits, shift - 62)
         shift = 62
     if shift < 2:
         raise LoweringError(f"quantization scale ratio {scale:g} is too large for TOSA RESCALE (at most 2**29)")
@@ -107,13 +108,14 @@ class TosaGraph:
     def rescale(self, x: str, out_shape: Sequence[int], in_dtype: Any, out_dtype: Any, scales: Sequence[float],
                 in_zp: int = 0, out_zp: int = 0) -> str:
         """RESCALE ``x`` by ``scales`` (one, or one per channel of the last axis), single rounding."""
-        pairs = [scale_to_multiplier_shift(float(s)) for s in scales]
-        mult = self.const([p[0] for p in pairs], DType.INT32, "multiplier")
+        scale32 = in_dtype != DType.INT48  # TOSA: an int48 input takes a 16-bit multiplier
+        pairs = [scale_to_multiplier_shift(float(s), 31 if scale32 else 15) for s in scales]
+        mult = self.const([p[0] for p in pairs], DType.INT32 if scale32 else DType.INT16, "multiplier")
         shift = self.const([p[1] for p in pairs], DType.INT8, "shift")
         izp = self.const([in_zp], in_dtype, "input_zp")
         ozp = self.const([out_zp], out_dtype, "output_zp")
         out = self.tensor(out_shape, out_dtype)
-        self.op(Op.RESCALE, [x, mult, shift, izp, ozp], [out], "RescaleAttribute", scale32=True,
+        self.op(Op.RESCALE, [x, mult, shift, izp, ozp], [out], "RescaleAttribute", scale32=scale32,
                 rounding_mode=ts.RoundingMode.SINGLE_ROUND, per_channel=len(pairs) > 1, input_unsigned=False,
                 output_unsigned=False)
         return out

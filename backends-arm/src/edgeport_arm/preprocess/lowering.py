@@ -55,6 +55,7 @@ class Lowering:
         self.ep = ep
         self.spec = spec
         self.integer = spec.is_int and not spec.is_fp
+        self.int16 = self.integer and "int16" in spec.extensions
         self.g = TosaGraph(spec.major, spec.minor)
         self.lowerings = lowerings
         self.values: dict[torch.fx.Node, Lowered] = {}
@@ -92,7 +93,7 @@ class Lowering:
             return Const(tensor.detach().contiguous().numpy().copy())
         val = fake(node)
         dtype = _TORCH_TO_TOSA.get(val.dtype)
-        allowed = (DType.INT8,) if self.integer else (DType.FP32,)
+        allowed = ((DType.INT8, DType.INT16) if self.int16 else (DType.INT8,)) if self.integer else (DType.FP32,)
         if dtype not in allowed:
             raise LoweringError(f"input {node.name} is {val.dtype}; {self.spec} takes "
                                 f"{'int8 (quantized)' if self.integer else 'float32'} inputs")
@@ -105,7 +106,7 @@ class Lowering:
     def _output(self, node: torch.fx.Node) -> None:
         v = self.settle(self.value(node))
         v = self.nchw(v)
-        if self.integer and v.dtype != DType.INT8:
+        if self.integer and v.dtype not in ((DType.INT8, DType.INT16) if self.int16 else (DType.INT8,)):
             raise LoweringError(f"partition output {node.name} is not int8: an integer partition must end in a "
                                 "quantize node (quantize the whole model, e.g. with TOSAQuantizer)")
         self.g.output(v.name, v.shape, v.dtype)
@@ -164,42 +165,48 @@ class Lowering:
         if v.dtype == DType.INT32:
             return v
         if v.q is None:
-            raise LoweringError(f"int8 tensor {v.name} has no quantization parameters (no dequantize before it)")
-        name = self.g.rescale(v.name, v.shape, DType.INT8, DType.INT32, [1.0], in_zp=v.q.zero_point)
+            raise LoweringError(f"{v.dtype} tensor {v.name} has no quantization parameters (no dequantize before it)")
+        name = self.g.rescale(v.name, v.shape, v.dtype, DType.INT32, [1.0], in_zp=v.q.zero_point)
         return v.with_(name=name, dtype=DType.INT32, q=None, acc_scale=np.asarray(v.q.scale, np.float64))
 
-    def requantize(self, v: Value, q: QParams, qmin: int = INT8_MIN, qmax: int = INT8_MAX) -> Value:
-        """``v`` as int8 with parameters ``q``, its pending activation bounds applied."""
-        if v.dtype in (DType.INT32, DType.INT16):
+    def requantize(self, v: Value, q: QParams, qmin: int | None = None, qmax: int | None = None) -> Value:
+        """``v`` as int8 (int16 when ``q.bits == 16``) with parameters ``q``, its pending activation bounds
+        applied."""
+        out_dtype = DType.INT16 if q.bits == 16 else DType.INT8
+        if q.bits == 16 and not self.int16:
+            raise LoweringError(f"int16 quantization needs the int16 extension ({self.spec} has none)")
+        if v.q is None and v.dtype in (DType.INT32, DType.INT48):
             if v.acc_scale is None:
                 raise LoweringError(f"{v.dtype} tensor {v.name} has no accumulator scale")
             scales = np.broadcast_to(np.asarray(v.acc_scale, np.float64), (v.shape[-1],)) \
                 if np.ndim(v.acc_scale) else [float(v.acc_scale)]
             ratio = [s / q.scale for s in scales]
-            name = self.g.rescale(v.name, v.shape, v.dtype, DType.INT8, ratio, out_zp=q.zero_point)
-        elif v.dtype == DType.INT8 and v.q is not None:
+            name = self.g.rescale(v.name, v.shape, v.dtype, out_dtype, ratio, out_zp=q.zero_point)
+        elif v.dtype in (DType.INT8, DType.INT16) and v.q is not None:
             if v.q == q:
                 name = v.name
             else:
-                name = self.g.rescale(v.name, v.shape, DType.INT8, DType.INT8, [v.q.scale / q.scale],
+                name = self.g.rescale(v.name, v.shape, v.dtype, out_dtype, [v.q.scale / q.scale],
                                       in_zp=v.q.zero_point, out_zp=q.zero_point)
         else:
             raise LoweringError(f"cannot requantize {v.name} ({v.dtype}) without its quantization parameters")
-        lo, hi = qmin, qmax
+        full_lo, full_hi = q.range
+        lo = full_lo if qmin is None else max(full_lo, qmin)
+        hi = full_hi if qmax is None else min(full_hi, qmax)
         if v.bounds is not None:
             if v.bounds[0] is not None:
-                lo = max(lo, int(np.clip(round(v.bounds[0] / q.scale) + q.zero_point, INT8_MIN, INT8_MAX)))
+                lo = max(lo, int(np.clip(round(v.bounds[0] / q.scale) + q.zero_point, full_lo, full_hi)))
             if v.bounds[1] is not None:
-                hi = min(hi, int(np.clip(round(v.bounds[1] / q.scale) + q.zero_point, INT8_MIN, INT8_MAX)))
-        if lo > INT8_MIN or hi < INT8_MAX:
-            name = self.g.clamp(name, v.shape, DType.INT8, lo, hi)
-        return v.with_(name=name, dtype=DType.INT8, q=q, acc_scale=None, bounds=None)
+                hi = min(hi, int(np.clip(round(v.bounds[1] / q.scale) + q.zero_point, full_lo, full_hi)))
+        if lo > full_lo or hi < full_hi:
+            name = self.g.clamp(name, v.shape, out_dtype, lo, hi)
+        return v.with_(name=name, dtype=out_dtype, q=q, acc_scale=None, bounds=None)
 
     def settle(self, v: Value) -> Value:
         """Apply a pending activation of an int8 value (at its own quantization parameters)."""
         if v.bounds is None:
             return v
-        if v.dtype == DType.INT8 and v.q is not None:
+        if v.dtype in (DType.INT8, DType.INT16) and v.q is not None:
             return self.requantize(v, v.q)
         raise LoweringError(f"activation on int32 tensor {v.name} is not followed by a quantize node")
 

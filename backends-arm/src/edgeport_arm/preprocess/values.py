@@ -20,10 +20,15 @@ NCHW_TO_NHWC = (0, 2, 3, 1)
 
 @dataclass(frozen=True)
 class QParams:
-    """Per-tensor affine int8 quantization."""
+    """Per-tensor affine quantization: int8, or int16 (``bits=16``, the a16w8 activations)."""
 
     scale: float
     zero_point: int
+    bits: int = 8
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return (-(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def _bounds(lo: float | None, hi: float | None, v: Value) -> tuple[float | None,
 def _clamp(ctx: Lowering, node: torch.fx.Node, lo: float | None, hi: float | None) -> Value:
     v = ctx.value(node.args[0])
     if ctx.integer:
-        if v.dtype == DType.INT8 and v.q is None:
+        if v.dtype in (DType.INT8, DType.INT16) and v.q is None:
             raise LoweringError("activation on an int8 tensor without quantization parameters")
         return v.with_(bounds=_bounds(lo, hi, v))
     lo_f = -math.inf if lo is None else lo

@@ -17,6 +17,7 @@ from edgeport_arm.preprocess.ops._common import arg, binary, broadcast_shape, mu
 from edgeport_arm.preprocess.values import QParams, Value
 
 _SHIFT = 20
+_SHIFT_16 = 15
 
 
 def _operands(ctx: Lowering, node: torch.fx.Node) -> tuple[Value, Value]:
@@ -33,10 +34,11 @@ def _add_sub(ctx: Lowering, node: torch.fx.Node, op: object, attr: str) -> Value
     if a.q is None or b.q is None:
         raise LoweringError("integer add/sub needs dequantized int8 operands")
     common = 2 * max(a.q.scale, b.q.scale)
-    ints = [ctx.g.rescale(v.name, v.shape, DType.INT8, DType.INT32, [v.q.scale / common * (1 << _SHIFT)],
+    shift = _SHIFT_16 if DType.INT16 in (a.dtype, b.dtype) else _SHIFT  # int16 codes leave 15 bits of headroom
+    ints = [ctx.g.rescale(v.name, v.shape, v.dtype, DType.INT32, [v.q.scale / common * (1 << shift)],
                           in_zp=v.q.zero_point) for v in (a, b)]
     out = binary(ctx, op, attr, ints[0], ints[1], shape, DType.INT32)
-    return Value(out, shape, DType.INT32, nhwc=a.nhwc, acc_scale=common / (1 << _SHIFT))
+    return Value(out, shape, DType.INT32, nhwc=a.nhwc, acc_scale=common / (1 << shift))
 
 
 def add(ctx: Lowering, node: torch.fx.Node) -> Value:
@@ -71,3 +73,21 @@ def multiply(ctx: Lowering, node: torch.fx.Node) -> Value:
     if not ctx.integer:
         return Value(out, shape, DType.FP32, nhwc=a.nhwc)
     return Value(out, shape, DType.INT32, nhwc=a.nhwc, acc_scale=float(a.acc_scale) * float(b.acc_scale))
+
+
+def add_scalar(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """``add.Scalar`` (a constant, e.g. layer norm's eps): int8 input to int32 on a 2**20-times finer scale, plus
+    the rounded constant; ADD of a constant in float graphs."""
+    x, c = ctx.settle(ctx.value(node.args[0])), float(node.args[1])
+    if arg(node, 2, "alpha", 1) != 1:
+        raise LoweringError("alpha != 1 is not lowered")
+    rank = len(x.shape)
+    if not ctx.integer:
+        return x.with_(name=binary(ctx, Op.ADD, "AddAttribute", x.name, scalar(ctx, c, rank), x.shape, DType.FP32))
+    if x.q is None:
+        raise LoweringError("integer add.Scalar needs a dequantized int8 input")
+    fine = 2 * x.q.scale / (1 << _SHIFT)
+    ints = ctx.g.rescale(x.name, x.shape, DType.INT8, DType.INT32, [x.q.scale / fine], in_zp=x.q.zero_point)
+    const = ctx.g.const(np.full((1,) * rank, round(c / fine)), DType.INT32, "addend")
+    out = binary(ctx, Op.ADD, "AddAttribute", ints, const, x.shape, DType.INT32)
+    return x.with_(name=out, dtype=DType.INT32, q=None, acc_scale=fine)

@@ -40,11 +40,12 @@ def emit_conv(ctx: Lowering, x: Value, w: Const, bias: Const | None, out_shape: 
             raise LoweringError("integer convolution needs a quantized input and quantized weights")
         acc_scale = x.q.scale * weight_scales(w, out_ch)
         b = np.zeros(out_ch) if bias is None else bias.real().astype(np.float64)
-        qbias = np.clip(np.round(b / acc_scale), -(2**31), 2**31 - 1)
+        # int8 activations accumulate in int32; int16 (a16w8) in int48, TOSA's int16 extension
+        dtype, bits = (DType.INT48, 48) if x.dtype == DType.INT16 else (DType.INT32, 32)
+        qbias = np.clip(np.round(b / acc_scale), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         inputs = [x.name, ctx.g.const(kernel.astype(np.int8), DType.INT8, "weight"),
-                  ctx.g.const(qbias, DType.INT32, "bias"), zero_point_const(ctx, DType.INT8, x.q.zero_point),
+                  ctx.g.const(qbias, dtype, "bias"), zero_point_const(ctx, x.dtype, x.q.zero_point),
                   zero_point_const(ctx, DType.INT8)]
-        dtype = DType.INT32
     else:
         if w.quantized:
             raise LoweringError("quantized weights in a float graph: lower with TosaCompileSpec('TOSA-1.0+INT')")
@@ -54,7 +55,7 @@ def emit_conv(ctx: Lowering, x: Value, w: Const, bias: Const | None, out_shape: 
         dtype, acc_scale = DType.FP32, None
     out = ctx.g.tensor(out_shape, dtype)
     ctx.g.op(op, inputs, [out], attr, pad=pad, stride=list(stride), dilation=list(dilation), local_bound=False,
-             acc_type=DType.INT32 if ctx.integer else DType.FP32)
+             acc_type=dtype if ctx.integer else DType.FP32)
     return Value(out, out_shape, dtype, nhwc=True, acc_scale=acc_scale)
 
 

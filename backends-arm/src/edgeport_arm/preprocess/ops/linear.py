@@ -1,12 +1,17 @@
-"""``aten.linear`` -> a 1x1 TOSA CONV2D over ``[rows, 1, 1, in_features]`` (how Vela maps fully connected)."""
+"""``aten.linear`` -> a 1x1 TOSA CONV2D over ``[rows, 1, 1, in_features]`` (how Vela maps fully connected).
+
+With int16 activations (a16w8) the int48 accumulator is narrowed to int32 (by the right shift its bound needs,
+none for small layers) before it is reshaped back, as TOSA does not reshape int48."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from edgeport.errors import LoweringError
+from edgeport_arm.preprocess.graph import DType
 from edgeport_arm.preprocess.lowering import Lowering, static_shape
 from edgeport_arm.preprocess.ops._common import arg
 from edgeport_arm.preprocess.ops.conv import emit_conv
@@ -27,5 +32,11 @@ def linear(ctx: Lowering, node: torch.fx.Node) -> Value:
     w4 = Const(w.data.reshape(out_features, in_features, 1, 1), w.scales, w.zero_points, w.axis)
     y = emit_conv(ctx, x4, w4, bias, (rows, 1, 1, out_features), depthwise=False, stride=(1, 1), pad=[0, 0, 0, 0],
                   dilation=(1, 1))
+    if y.dtype == DType.INT48:  # TOSA cannot reshape int48: narrow to int32 first, by the shift the bound needs
+        bound = 32768 * 128 * in_features + float(np.max(np.abs(bias.real()) / y.acc_scale)) if bias else 0.0
+        bound = max(bound, 32768 * 128 * in_features)
+        shift = max(0, math.ceil(math.log2(bound / 2**31)))
+        name = ctx.g.rescale(y.name, y.shape, DType.INT48, DType.INT32, [2.0**-shift] * out_features)
+        y = y.with_(name=name, dtype=DType.INT32, acc_scale=np.asarray(y.acc_scale) * 2.0**shift)
     shape = static_shape(node)
     return y.with_(name=ctx.g.reshape(y.name, shape, y.dtype), shape=shape, nhwc=False)

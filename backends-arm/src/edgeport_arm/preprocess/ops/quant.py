@@ -21,22 +21,35 @@ def _check_int8(node: torch.fx.Node, qmin: int, qmax: int, dtype: object) -> Non
         raise LoweringError(f"{node.name}: only int8 quantization is lowered (got {dtype} [{qmin}, {qmax}])")
 
 
+def _bits(ctx: Lowering, node: torch.fx.Node, qmin: int, qmax: int, dtype: object) -> int:
+    """8, or 16 for int16 activations (a16w8) in a graph with the int16 extension."""
+    if dtype == torch.int16 and ctx.int16 and -32768 <= qmin and qmax <= 32767:
+        return 16
+    if dtype == torch.int16:
+        raise LoweringError(f"{node.name}: int16 activations need a TOSA target with the int16 extension "
+                            f"(e.g. 'TOSA-1.0+INT+int16'); {ctx.spec} has none")
+    _check_int8(node, qmin, qmax, dtype)
+    return 8
+
+
 def quantize_per_tensor(ctx: Lowering, node: torch.fx.Node) -> Value:
     x, scale, zp, qmin, qmax, dtype = node.args[:6]
-    _check_int8(node, qmin, qmax, dtype)
-    return ctx.requantize(ctx.value(x), QParams(float(scale), int(zp)), int(qmin), int(qmax))
+    bits = _bits(ctx, node, qmin, qmax, dtype)
+    return ctx.requantize(ctx.value(x), QParams(float(scale), int(zp), bits), int(qmin), int(qmax))
 
 
 def dequantize_per_tensor(ctx: Lowering, node: torch.fx.Node) -> Value | Const:
     x, scale, zp, qmin, qmax, dtype = node.args[:6]
-    _check_int8(node, qmin, qmax, dtype)
+    bits = _bits(ctx, node, qmin, qmax, dtype)
     c = ctx.const(x)
     if c is not None:
+        if bits != 8:
+            raise LoweringError(f"{node.name}: int16 constants are not lowered")
         return Const(c.data.astype(np.int8), np.asarray(float(scale)), np.asarray(int(zp)))
     v = ctx.settle(ctx.value(x))
-    if v.dtype != DType.INT8:
+    if v.dtype != (DType.INT16 if bits == 16 else DType.INT8):
         raise LoweringError(f"dequantize of a {v.dtype} tensor")
-    return v.with_(q=QParams(float(scale), int(zp)))
+    return v.with_(q=QParams(float(scale), int(zp), bits))
 
 
 def dequantize_per_channel(ctx: Lowering, node: torch.fx.Node) -> Const:

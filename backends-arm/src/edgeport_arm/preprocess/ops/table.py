@@ -89,3 +89,36 @@ def gelu(ctx: Lowering, node: torch.fx.Node) -> Value:
     one_plus = binary(ctx, Op.ADD, "AddAttribute", t, scalar(ctx, 1.0, rank), shape, f)
     y = mul(ctx, mul(ctx, x.name, one_plus, shape, f), scalar(ctx, 0.5, rank), shape, f)
     return x.with_(name=y)
+
+
+def _reciprocal(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return 1.0 / x
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0, 1.0 / np.sqrt(np.maximum(x, 1e-300)), np.inf)
+
+
+def _unary_or_table(ctx: Lowering, node: torch.fx.Node, fn: Callable[[np.ndarray], np.ndarray], op: object,
+                    attr: str) -> Value:
+    if ctx.integer:
+        return _table(ctx, node, fn)
+    x = ctx.value(node.args[0])
+    return x.with_(name=unary(ctx, op, attr, x.name, x.shape, DType.FP32))
+
+
+def exp(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """EXP; int8: TABLE."""
+    return _unary_or_table(ctx, node, np.exp, Op.EXP, "ExpAttribute")
+
+
+def reciprocal(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """RECIPROCAL; int8: TABLE (1/0 saturates to the largest output code, as the quantized torch model does)."""
+    return _unary_or_table(ctx, node, _reciprocal, Op.RECIPROCAL, "ReciprocalAttribute")
+
+
+def rsqrt(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """RSQRT; int8: TABLE (non-positive inputs saturate to the largest output code)."""
+    return _unary_or_table(ctx, node, _rsqrt, Op.RSQRT, "RsqrtAttribute")
