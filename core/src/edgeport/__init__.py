@@ -64,6 +64,7 @@ _LAZY = {
     "ExportPass": "edgeport.aot.passes.base",
     "tag_delegate_constants": "edgeport.aot.passes.external_constants",
     "load": "edgeport.runtime",
+    "lower": "edgeport.targets",
 }
 
 

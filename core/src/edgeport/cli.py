@@ -367,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "timings, errors, memory over time (docs/devtools-graph-view.md)")
     configure_view_command(p)
     p.set_defaults(func=run_view_command)
+    from edgeport.lower_cli import configure_lower_command, configure_run_command
+
+    configure_lower_command(sub.add_parser("lower", help="export, quantize and lower a model for a target profile "
+                                           "(several backends in one program) to a .pte (docs/multi-backend.md)"))
+    configure_run_command(sub.add_parser("run", help="run a .pte on edgeport's runtime: outputs and latency"))
     _add_plugin_commands(sub)
     return parser
 

@@ -225,7 +225,8 @@ class Program:
         return list(seen)
 
     def load_method(self, name: str = "forward", *, allow_fallback: bool = False,
-                    fold_constants: bool = True, backend_options: Mapping[str, Any] | None = None) -> Method:
+                    fold_constants: bool = True, backend_options: Mapping[str, Any] | None = None,
+                    on_backend_unavailable: str | None = None) -> Method:
         """Resolve kernels and delegates of ``name`` and return a runnable :class:`Method`.
 
         Raises ``UnsupportedOperatorError`` for an op without a kernel and ``BackendNotFoundError`` for a
@@ -237,6 +238,11 @@ class Program:
         ``fold_constants`` runs kernel calls whose inputs are all constants (weight permutes and expands) once,
         here, instead of on every execution (``method.profile.folded_instructions`` counts them).
 
+        ``on_backend_unavailable`` is the policy spelled out: ``"error"`` (the default) raises
+        ``BackendNotFoundError`` naming the backend and how to install it; ``"portable"`` is ``allow_fallback=True``.
+        Each fallback taken is a ``DelegateInfo`` with ``status="fallback"`` and its reason in ``method.profile``,
+        a ``RuntimeWarning`` and a ``logging`` warning (logger ``edgeport.runtime``) — never silent.
+
         ``backend_options`` gives backends their runtime options, e.g. ``{"XnnpackBackend": {"num_threads": 1}}``
         (each backend's ``BackendSpec.runtime_options`` says which it takes; ``edgeport.runtime.backends()``
         lists them). A backend the program does not use, an unknown option or a wrong type raises
@@ -244,6 +250,7 @@ class Program:
         """
         from edgeport.registry import kernel_registry
 
+        allow_fallback = _fallback_policy(on_backend_unavailable, allow_fallback)
         start = time.perf_counter_ns()
         index = self._plan_index(name)
         options = resolve_backend_options(backend_options, self._backend_ids())
@@ -262,6 +269,20 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<edgeport Program methods={sorted(self._names)}>"
+
+
+_POLICIES = ("error", "portable")
+
+
+def _fallback_policy(on_backend_unavailable: str | None, allow_fallback: bool) -> bool:
+    """``allow_fallback`` as set by the ``on_backend_unavailable`` policy (``None``: keep ``allow_fallback``)."""
+    if on_backend_unavailable is None:
+        return allow_fallback
+    if on_backend_unavailable not in _POLICIES:
+        raise ValueError(f"on_backend_unavailable must be one of {_POLICIES}, got {on_backend_unavailable!r}")
+    if on_backend_unavailable == "error" and allow_fallback:
+        raise ValueError("on_backend_unavailable='error' contradicts allow_fallback=True; pass one of them")
+    return on_backend_unavailable == "portable"
 
 
 def _read_source(data: Any, mmap: bool, what: str) -> Any:
@@ -386,10 +407,12 @@ class LoadedProgram:
 
 
 def load(path_or_bytes: ProgramSource, *, allow_fallback: bool = False, mmap: bool = True,
-         backend_options: Mapping[str, Any] | None = None) -> LoadedProgram:
+         backend_options: Mapping[str, Any] | None = None, on_backend_unavailable: str | None = None) -> LoadedProgram:
     """Load a ``.pte`` and return an object whose methods are callables: ``edgeport.load(p).forward(x)``
     (or ``edgeport.load(p)(x)`` for ``forward``); each returns a list of numpy arrays. ``backend_options`` as
-    for :meth:`Program.load_method`, checked here against the program's backends."""
+    for :meth:`Program.load_method`, checked here against the program's backends; ``on_backend_unavailable``
+    (``"error"`` or ``"portable"``) as for :meth:`Program.load_method`."""
+    allow_fallback = _fallback_policy(on_backend_unavailable, allow_fallback)
     program = Runtime.get().load_program(path_or_bytes, mmap=mmap)
     resolve_backend_options(backend_options, program._backend_ids())
     return LoadedProgram(program, allow_fallback, backend_options)

@@ -8,6 +8,7 @@ Delegate handles are shared by all runs and called under a per-delegate lock unl
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import warnings
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from edgeport.program import schema as S
 from edgeport.runtime._profile import DelegateInfo, MethodProfile
 
 __all__ = ["FALLBACK_COMPILE_SPEC", "Delegate", "Delegates"]
+
+_log = logging.getLogger("edgeport.runtime")
 
 #: Compile-spec key a delegate carries to name a method of the same program that computes the same partition
 #: with portable kernels (inputs = the delegate's inputs, outputs = its outputs). Used with ``allow_fallback``.
@@ -130,7 +133,8 @@ class Delegates:
                 return self._init_fallback(di, d, fallback, reason)
             hint = ""
             if fallback is not None:
-                hint = f"; the program carries a portable fallback ({fallback!r}): load_method(..., allow_fallback=True)"
+                hint = (f"; the program carries a portable fallback ({fallback!r}): load_method(..., "
+                        "allow_fallback=True), i.e. on_backend_unavailable='portable'")
             elif self.allow_fallback:
                 hint = "; the program carries no portable fallback for this delegate"
             raise BackendNotFoundError(f"{at}: {reason}{hint}")
@@ -159,6 +163,9 @@ class Delegates:
         runner = self.load_fallback(di, method)
         self._fallbacks.append(runner)
         self.profile.delegates.append(DelegateInfo(di, d.id, "fallback", reason, method))
+        _log.warning("portable fallback: %s delegate %d (%s) runs on %r: %s", self.where, di, d.id, method, reason,
+                     extra={"edgeport_event": {"event": "portable_fallback", "where": self.where, "delegate": di,
+                                               "backend_id": d.id, "fallback_method": method, "reason": reason}})
         warnings.warn(f"{self.where}: delegate {di} ({d.id}) runs on its portable fallback {method!r}: {reason}",
                       RuntimeWarning, stacklevel=4)
         return Delegate("fallback", d.id, runner)
