@@ -11,15 +11,28 @@ call is reported), per thread count. The ratio column is edgeport / ExecuTorch m
 that node kind carries the gap. The CPU model and its SIMD flags are printed with the table: AVX2-only and AVX-512
 hosts give different ratios.
 
-    python bench/xnnpack_nodes.py [--reps 60] [--threads 1 2] [--kinds stem dw_s1 ...] [--write-report]
+Eager PyTorch is timed too (``torch.set_num_threads(N)``), for the encoder goal (edgeport <= 1.0x eager).
+
+``--emulate-avx2`` runs the same measurement as on an AVX2-only CPU of this microarchitecture, as far as it can be
+emulated: edgeport's libXNNPACK through an LD_PRELOAD shim on Debian's libcpuinfo that clears every AVX-512 flag
+(``xnnpack_bench/avx2_only.c``, built here with gcc; needs ``libcpuinfo-dev``), PyTorch through
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``. ExecuTorch's XNNPACK is linked
+statically into its pybindings with its own cpuinfo and cannot be masked: its column stays a host-ISA number, so
+edgeport / ExecuTorch is not an AVX2 ratio in that mode (edgeport / eager is).
+
+    python bench/xnnpack_nodes.py [--reps 60] [--threads 1 2] [--kinds stem dw_s1 ...] [--emulate-avx2]
+        [--write-report]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +45,8 @@ from xnnpack_bench.timing import interleaved, rel_err  # noqa: E402
 
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
 SECTION = "## XNNPACK per node kind"
+EMULATED = os.environ.get("EDGEPORT_BENCH_EMULATED_ISA", "")
+_MASK_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def _models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:
@@ -74,6 +89,11 @@ def _models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]
         "layer_norm": ("layer norm 128x256", lambda: (nn.LayerNorm(256).eval(), (torch.randn(1, 128, 256),))),
         "softmax": ("softmax 8x128x128", lambda: (Softmax().eval(), (torch.randn(1, 8, 128, 128),))),
         "gelu": ("GELU 128x1024", lambda: (nn.GELU().eval(), (torch.randn(1, 128, 1024),))),
+        "encoder": ("nn.TransformerEncoder 4 x (d 256, 8 heads, ffn 1024), 1x128 tokens",
+                    lambda: (nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0,
+                                                                              batch_first=True), 4,
+                                                   enable_nested_tensor=False).eval(),
+                             (torch.randn(1, 128, 256),))),
     }
 
 
@@ -119,26 +139,43 @@ def measure(kind: str, threads: int, reps: int) -> dict[str, Any]:
     et = EtRuntime.get().load_program(et_pte).load_method("forward")
     ours = Runtime.get().load_program(ep_pte).load_method("forward")
     x_t, x_np = list(inputs), [t.numpy().copy() for t in inputs]
+    torch.set_num_threads(threads)
     with torch.no_grad():
         ref = model(*inputs).numpy()
     errors = (rel_err(et.execute(x_t)[0].numpy(), ref), rel_err(ours.execute(x_np)[0], ref))
-    times = interleaved({"executorch": lambda: et.execute(x_t), "edgeport": lambda: ours.execute(x_np)},
-                        reps=reps, gap_s=0.02, warmup=5)
+
+    def eager() -> Any:
+        with torch.no_grad():
+            return model(*inputs)
+
+    times = interleaved({"executorch": lambda: et.execute(x_t), "edgeport": lambda: ours.execute(x_np),
+                         "eager": eager}, reps=reps, gap_s=0.02, warmup=5)
     med = {k: statistics.median(v[1]) for k, v in times.items()}
     return {"kind": kind, "label": label, "threads": threads, "et_ms": med["executorch"] * 1e3,
-            "ep_ms": med["edgeport"] * 1e3, "ratio": med["edgeport"] / med["executorch"],
+            "ep_ms": med["edgeport"] * 1e3, "eager_ms": med["eager"] * 1e3,
+            "ratio": med["edgeport"] / med["executorch"], "ratio_eager": med["edgeport"] / med["eager"],
             "err_et": errors[0], "err_ep": errors[1]}
+
+
+def section_title() -> str:
+    return SECTION + (" (AVX2 emulated)" if EMULATED else " (host ISA)")
 
 
 def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [SECTION, "",
+    mode = ("**AVX2 emulated** (`--emulate-avx2`): edgeport's libXNNPACK and PyTorch see no AVX-512; ExecuTorch's "
+            "statically linked XNNPACK cannot be masked and still runs the host's AVX-512 kernels, so its columns "
+            "and edgeport / ExecuTorch are host-ISA numbers, edgeport / eager is the AVX2 comparison. "
+            if EMULATED else "Host ISA. ")
+    lines = [section_title(), "",
              f"Measured by `bench/xnnpack_nodes.py` on {now}: {nproc()} CPUs, {cpu_model()} (flags: {_flags()}); "
-             f"load average at the end {loadavg()}. Warm-call medians, edgeport and ExecuTorch interleaved; "
-             "ratio = edgeport / ExecuTorch (below 1: edgeport faster). error = max |out - eager| / max |eager|.", "",
-             "| node kind | model | " + " | ".join(f"ET ms ({t}t) | edgeport ms ({t}t) | ratio ({t}t)" for t in threads)
-             + " | error ET / edgeport |",
-             "|---|---|" + "---:|---:|---:|" * len(threads) + "---|"]
+             f"load average at the end {loadavg()}. {mode}Warm-call medians, the three contenders interleaved; "
+             "ratio = edgeport / ExecuTorch and edgeport / eager (below 1: edgeport faster). error = max |out - "
+             "eager| / max |eager|.", "",
+             "| node kind | model | " + " | ".join(
+                 f"ET ms ({t}t) | edgeport ms ({t}t) | eager ms ({t}t) | ep/ET ({t}t) | ep/eager ({t}t)"
+                 for t in threads) + " | error ET / edgeport |",
+             "|---|---|" + "---:|---:|---:|---:|---:|" * len(threads) + "---|"]
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
     for kind in kinds:
         cells = []
@@ -147,33 +184,55 @@ def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
         for t in threads:
             r = next((r for r in rows if r["kind"] == kind and r["threads"] == t), None)
             if r is None:
-                cells += ["-", "-", "-"]
+                cells += ["-"] * 5
                 continue
             label = r["label"]
             err = f"{r['err_et']:.1e} / {r['err_ep']:.1e}"
-            cells += [f"{r['et_ms']:.3f}", f"{r['ep_ms']:.3f}", f"**{r['ratio']:.2f}x**" if r["ratio"] > 1.25
-                      else f"{r['ratio']:.2f}x"]
+            cells += [f"{r['et_ms']:.3f}", f"{r['ep_ms']:.3f}", f"{r['eager_ms']:.3f}",
+                      f"**{r['ratio']:.2f}x**" if r["ratio"] > 1.25 else f"{r['ratio']:.2f}x",
+                      f"**{r['ratio_eager']:.2f}x**" if r["ratio_eager"] > 1.0 else f"{r['ratio_eager']:.2f}x"]
         lines.append(f"| `{kind}` | {label} | " + " | ".join(cells) + f" | {err} |")
     return "\n".join(lines) + "\n"
 
 
 def write_report(body: str) -> None:
     text = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
+    title = section_title()
+    start = text.find(title + "\n")
     if start < 0:
         text = text.rstrip("\n") + "\n\n" + body
     else:
-        nxt = text.find("\n## ", start + len(SECTION))
+        nxt = text.find("\n## ", start + len(title))
         end = len(text) if nxt < 0 else nxt + 1
         text = text[:start] + body + ("\n" if nxt >= 0 else "") + text[end:]
     REPORT.write_text(text)
 
 
+def _reexec_emulated(argv: list[str]) -> None:
+    """Build the cpuinfo shim and run this script again with it preloaded and PyTorch masked to AVX2."""
+    if not Path("/usr/include/cpuinfo.h").exists() or shutil.which("gcc") is None:
+        sys.exit("--emulate-avx2 needs gcc and Debian's libcpuinfo-dev (apt-get install gcc libcpuinfo-dev)")
+    src = Path(__file__).resolve().parent / "xnnpack_bench" / "avx2_only.c"
+    from xnnpack_bench.settings import CACHE
+
+    out = CACHE / "avx2_only.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), str(src), "-ldl", "-l:libcpuinfo.so.0"],
+                   check=True)
+    env = dict(os.environ, LD_PRELOAD=str(out), EDGEPORT_BENCH_EMULATED_ISA="avx2", **_MASK_ENV)
+    args = [a for a in argv if a != "--emulate-avx2"]
+    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *args], env)
+
+
 def main(argv: list[str] | None = None) -> None:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--emulate-avx2" in raw and not EMULATED:
+        _reexec_emulated(raw)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kinds", nargs="+", default=None, help="node kinds (default: all)")
+    ap.add_argument("--emulate-avx2", action="store_true", help="mask AVX-512 from edgeport's XNNPACK and PyTorch")
     ap.add_argument("--write-report", action="store_true", help="replace this section of bench/REPORT.md")
     args = ap.parse_args(argv)
     kinds = args.kinds or list(_models())
@@ -185,8 +244,8 @@ def main(argv: list[str] | None = None) -> None:
         for kind in kinds:
             rows.append(measure(kind, t, args.reps))
             r = rows[-1]
-            print(f"{kind:12s} {t}t  ET {r['et_ms']:8.3f} ms  edgeport {r['ep_ms']:8.3f} ms  ratio {r['ratio']:.2f}",
-                  flush=True)
+            print(f"{kind:12s} {t}t  ET {r['et_ms']:8.3f} ms  edgeport {r['ep_ms']:8.3f} ms  eager "
+                  f"{r['eager_ms']:8.3f} ms  ep/ET {r['ratio']:.2f}  ep/eager {r['ratio_eager']:.2f}", flush=True)
     body = render(rows, args.threads)
     print(body)
     if args.write_report:
