@@ -1,4 +1,5 @@
-"""Builds the optional C glue (``edgeport_xnnpack._glue``: per-call binding and invocation of XNNPACK runtimes).
+"""Builds the optional C glue (``edgeport_xnnpack._glue``: per-call binding and invocation of XNNPACK runtimes) and
+the optional host kernels (``edgeport_xnnpack._kernels``: GELU, which the 2022 libXNNPACK lacks).
 
 It links against nothing but libc (the library functions are passed in as addresses from ctypes). When no C
 compiler is available the build is skipped and the executor uses the equivalent pure-Python path
@@ -9,4 +10,9 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_glue.c"], optional=True,
                              extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                                 "-Wno-missing-field-initializers"]),
+                   # elementwise kernels the 2022 library lacks (GELU), vectorized; optional like the glue
+                   Extension("edgeport_xnnpack._kernels", ["src/edgeport_xnnpack/_kernels.c"], optional=True,
+                             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall",
+                                                 "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"])])

@@ -1,0 +1,74 @@
+"""The C host kernel for GELU (``edgeport_xnnpack._kernels``), which the 2022 libXNNPACK lacks.
+
+Oracle: PyTorch's GELU in float64. The kernel is optional (built when a compiler is present); the numpy form it
+replaces is checked against the same oracle, and the executor's results with either are compared with eager.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgeport_xnnpack import _host  # noqa: E402
+
+kernels = pytest.importorskip("edgeport_xnnpack._kernels", reason="the optional C kernels were not built")
+
+
+def _reference(x: np.ndarray) -> np.ndarray:
+    return torch.nn.functional.gelu(torch.from_numpy(x.astype(np.float64))).numpy()
+
+
+def test_gelu_kernel_matches_torch_over_the_float_range():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(100_003).astype(np.float32) * 4,
+                        np.linspace(-30, 30, 60_001, dtype=np.float32),
+                        np.array([0.0, -0.0, 1e-38, -1e-38, 1e-45, 87.0, -87.0, 88.5, -88.5, 1e30, -1e30],
+                                 np.float32)])
+    out = np.empty_like(x)
+    kernels.gelu(x, out)
+    ref = _reference(x)
+    scale = np.maximum(1.0, np.abs(ref))
+    assert np.max(np.abs(out - ref) / scale) < 5e-7
+    nan = np.empty(3, np.float32)
+    kernels.gelu(np.array([np.nan, np.inf, -np.inf], np.float32), nan)
+    np.testing.assert_array_equal(np.isnan(nan), np.isnan(_reference(np.array([np.nan, np.inf, -np.inf],
+                                                                               np.float32))))
+
+
+def test_numpy_form_and_kernel_agree():
+    x = np.random.default_rng(1).standard_normal((4, 33, 17)).astype(np.float32) * 3
+    fast = _host._gelu(x)
+    slow = 0.5 * x * (1.0 + _host._erf(x / np.sqrt(2.0)))
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=5e-7)
+    strided = x[:, ::2, :]  # not contiguous: copied first, never read out of bounds
+    np.testing.assert_allclose(_host._gelu(strided), _reference(strided), rtol=0, atol=5e-6)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((np.zeros(4, np.float64), np.zeros(4, np.float32)), "input must be float32"),
+    ((np.zeros(4, np.float32), np.zeros(3, np.float32)), "input has 16 bytes, output 12"),
+    ((np.zeros(8, np.float32)[::2], np.zeros(4, np.float32)), "C-contiguous"),
+    ((np.zeros(4, np.float32), np.zeros(4, np.float32)[::1].copy().view(np.int32)), "output must be float32"),
+    ((np.zeros(4, np.float32), b"\0" * 16), "writable"),
+    (("not an array", np.zeros(4, np.float32)), "C-contiguous"),
+])
+def test_gelu_kernel_refuses_bad_buffers(args, message):
+    with pytest.raises(ValueError, match=message):
+        kernels.gelu(*args)
+
+
+def test_a_gelu_model_on_xnnpack_equals_eager():
+    import edgeport
+    from edgeport.runtime import Runtime
+    from edgeport_xnnpack import XnnpackPartitioner
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(5, 32)
+    program = edgeport.to_edge_transform_and_lower(torch.export.export(model, (x,)),
+                                                   partitioner=[XnnpackPartitioner()]).to_executorch()
+    got = Runtime.get().load_program(program.buffer).load_method("forward").execute([x.numpy()])[0]
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
