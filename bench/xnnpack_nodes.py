@@ -14,11 +14,12 @@ hosts give different ratios.
 Eager PyTorch is timed too (``torch.set_num_threads(N)``), for the encoder goal (edgeport <= 1.0x eager).
 
 ``--emulate-avx2`` runs the same measurement as on an AVX2-only CPU of this microarchitecture, as far as it can be
-emulated: edgeport's libXNNPACK through an LD_PRELOAD shim on Debian's libcpuinfo that clears every AVX-512 flag
-(``xnnpack_bench/avx2_only.c``, built here with gcc; needs ``libcpuinfo-dev``), PyTorch through
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``. ExecuTorch's XNNPACK is linked
-statically into its pybindings with its own cpuinfo and cannot be masked: its column stays a host-ISA number, so
-edgeport / ExecuTorch is not an AVX2 ratio in that mode (edgeport / eager is).
+emulated: edgeport's libXNNPACK through a small library that clears every AVX-512 flag of the Debian libcpuinfo it
+links (``xnnpack_bench/avx2_only.c``, built here with gcc, needs ``libcpuinfo-dev``; loaded with ctypes so nothing
+else binds to it), PyTorch through ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``.
+ExecuTorch's XNNPACK takes its cpuinfo from its own libraries, which cannot be masked without also handing them a
+cpuinfo of another version: its column stays a host-ISA number, so edgeport / ExecuTorch is not an AVX2 ratio in
+that mode (edgeport / eager is).
 
     python bench/xnnpack_nodes.py [--reps 60] [--threads 1 2] [--kinds stem dw_s1 ...] [--emulate-avx2]
         [--write-report]
@@ -217,17 +218,29 @@ def _reexec_emulated(argv: list[str]) -> None:
 
     out = CACHE / "avx2_only.so"
     out.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), str(src), "-ldl", "-l:libcpuinfo.so.0"],
-                   check=True)
-    env = dict(os.environ, LD_PRELOAD=str(out), EDGEPORT_BENCH_EMULATED_ISA="avx2", **_MASK_ENV)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), str(src), "-l:libcpuinfo.so.0"], check=True)
+    env = dict(os.environ, EDGEPORT_BENCH_EMULATED_ISA=str(out), **_MASK_ENV)
     args = [a for a in argv if a != "--emulate-avx2"]
     os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *args], env)
+
+
+def _mask_edgeports_xnnpack(shim: str) -> None:
+    """Clear AVX-512 in the libcpuinfo edgeport's libXNNPACK will use, before XNNPACK is loaded: the shim brings in
+    Debian's libcpuinfo.so.0, and libXNNPACK.so.0, loaded later, binds to that same instance."""
+    import ctypes
+
+    if "edgeport_xnnpack.native" in sys.modules:
+        sys.exit("--emulate-avx2: edgeport's XNNPACK was loaded before the mask")
+    if ctypes.CDLL(shim).edgeport_mask_avx512() != 1:
+        sys.exit("--emulate-avx2: could not mask AVX-512 in libcpuinfo (does this CPU have AVX2?)")
 
 
 def main(argv: list[str] | None = None) -> None:
     raw = list(sys.argv[1:] if argv is None else argv)
     if "--emulate-avx2" in raw and not EMULATED:
         _reexec_emulated(raw)
+    if EMULATED:
+        _mask_edgeports_xnnpack(EMULATED)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
