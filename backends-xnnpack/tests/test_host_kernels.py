@@ -59,16 +59,34 @@ def test_gelu_kernel_refuses_bad_buffers(args, message):
         kernels.gelu(*args)
 
 
-def test_a_gelu_model_on_xnnpack_equals_eager():
+def _gelu_program():
     import edgeport
-    from edgeport.runtime import Runtime
     from edgeport_xnnpack import XnnpackPartitioner
 
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
     x = torch.randn(5, 32)
     program = edgeport.to_edge_transform_and_lower(torch.export.export(model, (x,)),
                                                    partitioner=[XnnpackPartitioner()]).to_executorch()
-    got = Runtime.get().load_program(program.buffer).load_method("forward").execute([x.numpy()])[0]
     with torch.no_grad():
-        want = model(x).numpy()
+        return program, x, model(x).numpy()
+
+
+def test_a_gelu_model_is_one_xnnpack_delegate_equal_to_eager():
+    from edgeport.runtime import Runtime
+
+    program, x, want = _gelu_program()
+    assert "1 delegate calls, 0 portable kernel calls" in program.delegation_summary()
+    got = Runtime.get().load_program(program.buffer).load_method("forward").execute([x.numpy()])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.executorch
+def test_the_stock_runtime_runs_the_gelu_delegate():
+    """ExecuTorch's XNNPACK runs the blob's XNNGelu node natively (in a child process)."""
+    from edgeport.testing.stock_runtime import run_program
+
+    program, x, want = _gelu_program()
+    result = run_program(program.buffer, [x.numpy()], name="linear-gelu-linear")
+    assert result.ok, result.error
+    np.testing.assert_allclose(result.outputs[0], want, rtol=1e-5, atol=1e-5)

@@ -270,6 +270,11 @@ def _elu(node: Any) -> str | None:
     return None
 
 
+def _gelu(node: Any) -> str | None:
+    approximate = arg(node, 1, "approximate", "none")
+    return None if approximate == "none" else f"approximate={approximate!r} (only the exact erf form)"
+
+
 def _square(node: Any) -> str | None:
     return None if node.args[1] == 2 else f"exponent {node.args[1]} (only 2, as square)"
 
@@ -356,6 +361,8 @@ CAPABILITIES = CapabilityTable((
     _cap("aten.clamp.default", notes="scalar bounds"),
     _cap("aten.sigmoid.default"), _cap("aten.hardswish.default"),
     _cap("aten.leaky_relu.default"), _cap("aten.elu.default", _elu),
+    _cap("aten.gelu.default", _gelu, notes="exact (erf) form; the 2022 library has no GELU node: a vectorized C "
+         "host kernel inside the delegate (ExecuTorch's runtime runs its XNNGelu node)"),
     *_unary([("aten.abs.default", ""), ("aten.neg.default", ""), ("aten.floor.default", ""),
              ("aten.ceil.default", ""), ("aten.sqrt.default", "")]),
     _cap("aten.pow.Tensor_Scalar", _square, notes="exponent 2 only (square)"),

@@ -10,28 +10,20 @@ delegate call (``instruction_id_to_num_outs_map``) — the three maps an ETRecor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from edgeport.aot.graph_utils import graph_modules
+
 DEBUG_HANDLE = "debug_handle"
-
-
-def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
-    yield gm
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            sub = getattr(gm, str(node.target), None)
-            if isinstance(sub, torch.fx.GraphModule):
-                yield from _graph_modules(sub)
 
 
 def assign_debug_handles(gm: torch.fx.GraphModule) -> None:
     """Give every ``call_function`` node (control-flow branches included) without a handle the next free one.
 
     Nodes that already carry a handle keep it, so calling this again after a pass only numbers the new nodes."""
-    graphs = list(_graph_modules(gm))
+    graphs = list(graph_modules(gm))
     used = [h for g in graphs for n in g.graph.nodes if isinstance(h := n.meta.get(DEBUG_HANDLE), int)]
     next_handle = max(used, default=0) + 1
     for g in graphs:
@@ -44,20 +36,20 @@ def assign_debug_handles(gm: torch.fx.GraphModule) -> None:
 def node_handles(program: Any) -> list[int]:
     """The debug handles of ``program``'s ``call_function`` nodes (an ``ExportedProgram`` or graph module)."""
     gm = program.graph_module if hasattr(program, "graph_module") else program
-    return [h for g in _graph_modules(gm) for n in g.graph.nodes
+    return [h for g in graph_modules(gm) for n in g.graph.nodes
             if n.op == "call_function" and isinstance(h := n.meta.get(DEBUG_HANDLE), int)]
 
 
 def handles_by_name(gm: torch.fx.GraphModule) -> dict[str, int]:
     """``node.name -> debug handle`` of the nodes of ``gm`` that have one (before a pass that replaces nodes)."""
-    return {n.name: h for g in _graph_modules(gm) for n in g.graph.nodes
+    return {n.name: h for g in graph_modules(gm) for n in g.graph.nodes
             if isinstance(h := n.meta.get(DEBUG_HANDLE), int)}
 
 
 def inherit_debug_handles(gm: torch.fx.GraphModule, previous: dict[str, int]) -> None:
     """Give nodes that a decomposition made the handle of the node they came from (``node.meta["from_node"]``,
     torch's provenance), so that their events still point at a node of the recorded edge program."""
-    for g in _graph_modules(gm):
+    for g in graph_modules(gm):
         for node in g.graph.nodes:
             if node.op != "call_function" or isinstance(node.meta.get(DEBUG_HANDLE), int):
                 continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -15,6 +15,7 @@ from torch.fx import traceback as fx_traceback
 from edgeport.aot.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgeport.aot.debug_handles import assign_debug_handles, handles_by_name, inherit_debug_handles
 from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
+from edgeport.aot.graph_utils import graph_modules
 from edgeport.aot.partitioner import Partitioner
 from edgeport.aot.passes.decompositions import edge_decompositions
 from edgeport.aot.passes.edge_passes import normalize_edge_ops
@@ -97,16 +98,6 @@ def _decompose(name: str, ep: ExportedProgram, table: Any) -> ExportedProgram:
         raise ExportError(f"method {name!r}: decomposition to core ATen failed: {type(exc).__name__}: {exc}") from exc
     remove_graph_asserts(program.graph_module, name)  # on the new program: the caller's is untouched
     return program
-
-
-def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
-    """``gm`` and the graph modules its ``get_attr`` nodes reach (control-flow branches), depth first."""
-    yield gm
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            sub = getattr(gm, str(node.target), None)
-            if isinstance(sub, torch.fx.GraphModule):
-                yield from _graph_modules(sub)
 
 
 def _finish_edge_program(
@@ -192,7 +183,7 @@ def _decompose_for_partitioners(
     if not any(r.node_filter is not None for r in requests):
         return program, listed
     kept, rejected = 0, 0
-    for gm in _graph_modules(program.graph_module):
+    for gm in graph_modules(program.graph_module):
         for node in gm.graph.nodes:
             if node.op == "call_function" and node.target in listed:
                 if any(r.keeps(node, name) for r in requests):
@@ -202,14 +193,14 @@ def _decompose_for_partitioners(
                     rejected += 1
     if rejected:
         program = _decompose(name, program, _decomposition_table(preserved, keep_marked=listed))
-        remaining = sum(1 for gm in _graph_modules(program.graph_module) for n in gm.graph.nodes
+        remaining = sum(1 for gm in graph_modules(program.graph_module) for n in gm.graph.nodes
                         if n.op == "call_function" and n.target in listed)
         if remaining < kept:  # e.g. a torch without node meta in decompositions: say so, don't lose them
             raise ExportError(
                 f"method {name!r}: {kept} node(s) of {[str(op) for op in listed]} were to stay whole for the "
                 f"partitioners, but only {remaining} did after decomposition"
             )
-    for gm in _graph_modules(program.graph_module):
+    for gm in graph_modules(program.graph_module):
         for node in gm.graph.nodes:
             node.meta.pop(_KEEP_WHOLE, None)
     return program, listed
@@ -302,7 +293,7 @@ def to_edge_transform_and_lower(
         for p in by_method[name]:
             program = partition_and_lower(program, p)
         leftover = any(n.op == "call_function" and n.target in listed
-                       for gm in _graph_modules(program.graph_module) for n in gm.graph.nodes)
+                       for gm in graph_modules(program.graph_module) for n in gm.graph.nodes)
         if leftover:  # kept whole for a partitioner, but none took it
             previous = handles_by_name(program.graph_module)
             program = _decompose(name, program, _decomposition_table(preserved))

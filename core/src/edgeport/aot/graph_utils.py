@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.export import ExportedProgram
@@ -163,3 +163,13 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
     # Copying a graph may rename nodes (e.g. a placeholder called "input"): rebuild the signature from it.
     signature = rebuild_signature(gm.graph, ep.graph_signature)
     return new_exported_program(ep, gm, signature, state_dict=dict(ep.state_dict), constants=dict(ep.constants))
+
+
+def graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
+    """``gm`` and the graph modules its ``get_attr`` nodes reach (control-flow branches), depth first."""
+    yield gm
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                yield from graph_modules(sub)

@@ -1,5 +1,5 @@
 """Elementwise unary ops (layout preserving): sigmoid, hardswish, abs, neg, floor, ceil, sqrt, square,
-leaky_relu, elu."""
+leaky_relu, elu, gelu (exact form)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ _KIND = {
     "aten.sigmoid.default": "XNNSigmoid", "aten.hardswish.default": "XNNHardswish", "aten.abs.default": "XNNAbs",
     "aten.neg.default": "XNNNegate", "aten.floor.default": "XNNFloor", "aten.ceil.default": "XNNCeiling",
     "aten.sqrt.default": "XNNSquareRoot", "aten.pow.Tensor_Scalar": "XNNSquare",
-    "aten.leaky_relu.default": "XNNLeakyReLU", "aten.elu.default": "XNNELU",
+    "aten.leaky_relu.default": "XNNLeakyReLU", "aten.elu.default": "XNNELU", "aten.gelu.default": "XNNGelu",
 }
 
 
