@@ -29,7 +29,7 @@ bench-arm: install
 	$(PY) bench/arm.py
 
 lint:
-	$(VENV)/bin/ruff check core plugins backends-* tests bench scripts
+	$(VENV)/bin/ruff check core plugins backends-* tests bench scripts testing
 
 docs: install
 	$(PY) scripts/gen_docs.py

@@ -28,6 +28,8 @@ $PIP install "torch==2.13.0"
 $PIP install -e ./core -e ./plugins/example -e ./backends-xnnpack
 # Test tools, the quantization flow, and the test-only oracle (the stock ExecuTorch runtime).
 $PIP install "pytest>=8" "hypothesis>=6" "setuptools>=70.1" wheel "torchao==0.18.0" "executorch==1.5.1" "transformers==5.24.0" "torch==2.13.0"
+# the child process that runs programs on the stock ExecuTorch runtime (test-only: the one place importing executorch)
+$PIP install --no-deps -e ./testing/edgeport-stockcheck
 
 # --- flatbuffers releases side by side (test-only) -------------------------------------------------------------
 # core/tests/program/test_flatbuffers_versions.py writes and reads programs with every Python flatbuffers release

@@ -6,8 +6,10 @@ one child process (``executorch.runtime``, loaded from a file, i.e. memory-mappe
 order and reports each result as it goes; when the child dies, the case it was running is reported as crashed
 (with the signal and the tail of its stderr) and a new child goes on with the rest.
 
-This module never imports ``executorch`` itself (it is a test-only oracle); only the child does. Inputs and outputs
-are numpy arrays (or Python scalars for non-tensor values).
+Neither this module nor anything else in edgeport imports ``executorch`` (a test-only oracle): the child is
+``python -m edgeport_stockcheck.child``, from the test-only distribution ``testing/edgeport-stockcheck`` that the
+README's install step installs beside ``executorch``. Inputs and outputs are numpy arrays (or Python scalars for
+non-tensor values).
 """
 
 from __future__ import annotations
@@ -23,39 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_CHILD = r"""
-import os, pickle, struct, sys, traceback
-import numpy as np
-import torch
-from executorch.runtime import Runtime, Verification
-
-work = sys.argv[1]
-with open(os.path.join(work, "cases.pkl"), "rb") as f:
-    cases = pickle.load(f)
-start = int(sys.argv[2])
-report = open(os.path.join(work, "report.bin"), "ab", buffering=0)
-runtime = Runtime.get()
-
-def emit(obj):
-    data = pickle.dumps(obj)
-    report.write(struct.pack("<Q", len(data)) + data)
-
-def as_input(v):
-    return torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
-
-def as_output(v):
-    return v.detach().numpy().copy() if isinstance(v, torch.Tensor) else v
-
-for index in range(start, len(cases)):
-    name, path, method, inputs, data_path = cases[index]
-    emit(("start", index))
-    try:
-        program = runtime.load_program(path, verification=Verification.InternalConsistency, data_path=data_path)
-        outputs = program.load_method(method).execute([as_input(v) for v in inputs])
-        emit(("done", index, [as_output(v) for v in outputs], None))
-    except Exception as exc:
-        emit(("done", index, None, f"{type(exc).__name__}: {exc}"))
-"""
+#: the child's module (test-only distribution ``testing/edgeport-stockcheck``): it imports ``executorch.runtime``
+CHILD_MODULE = "edgeport_stockcheck.child"
 
 
 @dataclass
@@ -127,15 +98,13 @@ def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
                 data_path.write_bytes(bytes(case[4]))
             listed.append((name, str(path), method, list(inputs), None if data_path is None else str(data_path)))
         (work / "cases.pkl").write_bytes(pickle.dumps(listed))
-        script = work / "child.py"
-        script.write_text(_CHILD)
         start = 0
         while start < len(cases):
             report = work / "report.bin"
             report.unlink(missing_ok=True)
             env = dict(os.environ, PYTHONFAULTHANDLER="1")
             try:
-                proc = subprocess.run([python or sys.executable, str(script), str(work), str(start)],
+                proc = subprocess.run([python or sys.executable, "-m", CHILD_MODULE, str(work), str(start)],
                                       capture_output=True, text=True, timeout=timeout, env=env, check=False)
                 code, stderr = proc.returncode, proc.stderr
             except subprocess.TimeoutExpired as exc:

@@ -19,6 +19,9 @@ def stock_runtime_missing() -> str | None:
     """Why the stock ExecuTorch runtime cannot be used here, or ``None``."""
     if importlib.util.find_spec("executorch") is None:
         return "the stock ExecuTorch runtime is not installed (test-only oracle: pip install executorch==1.5.1)"
+    if importlib.util.find_spec("edgeport_stockcheck") is None:
+        return ("the stock-runtime child is not installed (test-only: pip install ./testing/edgeport-stockcheck from "
+                "the edgeport repository)")
     return None
 
 

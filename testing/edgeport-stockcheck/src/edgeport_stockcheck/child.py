@@ -1,0 +1,54 @@
+"""The child process of ``edgeport.testing.stock_runtime``: runs pickled cases on the stock ExecuTorch runtime.
+
+``python -m edgeport_stockcheck.child WORK START`` loads ``WORK/cases.pkl`` (``(name, pte path, method, inputs,
+ptd path)`` tuples), runs them from index ``START`` on ``executorch.runtime`` (programs loaded from files, i.e.
+memory-mapped as on a device) and appends a length-prefixed pickled record per event to ``WORK/report.bin``:
+``("start", i)`` before a case and ``("done", i, outputs, error)`` after it, so the parent knows which case was
+running when the process dies. Test-only: this is the one place that imports ``executorch``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from executorch.runtime import Runtime, Verification
+
+
+def _as_input(v: Any) -> Any:
+    return torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
+
+
+def _as_output(v: Any) -> Any:
+    return v.detach().numpy().copy() if isinstance(v, torch.Tensor) else v
+
+
+def main(work: str, start: int) -> None:
+    with open(os.path.join(work, "cases.pkl"), "rb") as f:
+        cases = pickle.load(f)
+    runtime = Runtime.get()
+    with open(os.path.join(work, "report.bin"), "ab", buffering=0) as report:
+
+        def emit(obj: Any) -> None:
+            data = pickle.dumps(obj)
+            report.write(struct.pack("<Q", len(data)) + data)
+
+        for index in range(start, len(cases)):
+            _name, path, method, inputs, data_path = cases[index]
+            emit(("start", index))
+            try:
+                program = runtime.load_program(path, verification=Verification.InternalConsistency,
+                                               data_path=data_path)
+                outputs = program.load_method(method).execute([_as_input(v) for v in inputs])
+                emit(("done", index, [_as_output(v) for v in outputs], None))
+            except Exception as exc:  # noqa: BLE001 - reported to the parent as the case's error
+                emit(("done", index, None, f"{type(exc).__name__}: {exc}"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
