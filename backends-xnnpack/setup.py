@@ -1,5 +1,6 @@
 """Builds the optional C glue (``edgeport_xnnpack._glue``: per-call binding and invocation of XNNPACK runtimes) and
-the optional host kernels (``edgeport_xnnpack._kernels``: GELU, which the 2022 libXNNPACK lacks).
+the optional host kernels (``edgeport_xnnpack._kernels``: GELU, which the 2022 libXNNPACK lacks; ``_gemm``: float32
+products on the host BLAS tiled over XNNPACK's thread pool, for CPUs where the 2022 library's kernels are slow).
 
 It links against nothing but libc (the library functions are passed in as addresses from ctypes). When no C
 compiler is available the build is skipped and the executor uses the equivalent pure-Python path
@@ -15,4 +16,7 @@ setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_g
                    Extension("edgeport_xnnpack._kernels", ["src/edgeport_xnnpack/_kernels.c"], optional=True,
                              extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall",
                                                  "-Wextra", "-Wno-unused-parameter",
+                                                 "-Wno-missing-field-initializers"]),
+                   Extension("edgeport_xnnpack._gemm", ["src/edgeport_xnnpack/_gemm.c"], optional=True,
+                             extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"])])

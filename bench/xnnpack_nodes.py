@@ -16,10 +16,13 @@ Eager PyTorch is timed too (``torch.set_num_threads(N)``), for the encoder goal 
 ``--emulate-avx2`` runs the same measurement as on an AVX2-only CPU of this microarchitecture, as far as it can be
 emulated: edgeport's libXNNPACK through a small library that clears every AVX-512 flag of the Debian libcpuinfo it
 links (``xnnpack_bench/avx2_only.c``, built here with gcc, needs ``libcpuinfo-dev``; loaded with ctypes so nothing
-else binds to it), PyTorch through ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``.
-ExecuTorch's XNNPACK takes its cpuinfo from its own libraries, which cannot be masked without also handing them a
-cpuinfo of another version: its column stays a host-ISA number, so edgeport / ExecuTorch is not an AVX2 ratio in
-that mode (edgeport / eager is).
+else binds to it); ExecuTorch's XNNPACK through a second one that does the same in the cpuinfo ExecuTorch's
+XNNPACK imports from ``libexecutorch_threadpool.so`` (``xnnpack_bench/avx2_only_et.c``, built against PyTorch's
+``cpuinfo.h``; the flags it reads back are checked against ``/proc/cpuinfo`` before it masks, and the struct it
+binds to against the one ExecuTorch's library exports); PyTorch through ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``. edgeport's executor decides where fully-connected layers
+run from the CPU it sees (``XnnpackRuntimeOptions.fully_connected``, "auto"), which the masks do not reach: in this
+mode the bench passes it what "auto" picks on an AVX2-only CPU.
 
     python bench/xnnpack_nodes.py [--reps 60] [--threads 1 2] [--kinds stem dw_s1 ...] [--emulate-avx2]
         [--write-report]
@@ -42,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from xnnpack_bench.machine import cpu_model, loadavg, nproc  # noqa: E402
+from xnnpack_bench.models import build_model, lower_edgeport, lower_executorch  # noqa: E402
 from xnnpack_bench.timing import interleaved, rel_err  # noqa: E402
 
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
@@ -95,6 +99,10 @@ def _models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]
                                                                               batch_first=True), 4,
                                                    enable_nested_tensor=False).eval(),
                              (torch.randn(1, 128, 256),))),
+        # whole CNNs, built and lowered as bench/xnnpack.py does (int8: each side's own XNNPACK quantizer)
+        "mobilenet_v2": ("MobileNetV2 224 fp32 (bench/xnnpack.py's)", lambda: build_model("mobilenet_v2")),
+        "mobilenet_v2_int8": ("MobileNetV2 224 int8, per-channel weights (each side's XNNPACK quantizer)",
+                              lambda: build_model("mobilenet_v2_int8")),
     }
 
 
@@ -109,7 +117,7 @@ def _flags() -> str:
     return "n/a"
 
 
-def _lower(model: Any, inputs: tuple[Any, ...], threads: int) -> tuple[bytes, bytes]:
+def _lower(kind: str, model: Any, inputs: tuple[Any, ...], threads: int) -> tuple[bytes, bytes]:
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as EtPartitioner
     from executorch.exir import to_edge_transform_and_lower as et_lower
@@ -117,6 +125,8 @@ def _lower(model: Any, inputs: tuple[Any, ...], threads: int) -> tuple[bytes, by
     import edgeport
     from edgeport_xnnpack import XnnpackCompileOptions, XnnpackPartitioner
 
+    if kind.startswith("mobilenet_v2"):
+        return lower_executorch(kind, model, inputs, use_cache=False), lower_edgeport(kind, model, inputs, threads)
     ep = torch.export.export(model, inputs)
     et = et_lower(ep, partitioner=[EtPartitioner()]).to_executorch().buffer
     ours = edgeport.to_edge_transform_and_lower(
@@ -124,7 +134,18 @@ def _lower(model: Any, inputs: tuple[Any, ...], threads: int) -> tuple[bytes, by
     return et, ours
 
 
-def measure(kind: str, threads: int, reps: int) -> dict[str, Any]:
+def fc_choice(option: str) -> str:
+    """What edgeport's executor runs fully-connected layers with: ``option``, with "auto" resolved for the CPU
+    being measured (in ``--emulate-avx2`` mode: this CPU without its AVX-512 flags)."""
+    from edgeport_xnnpack._host_gemm import cpu_flags, resolve
+
+    flags = cpu_flags()
+    if EMULATED:
+        flags = {f for f in flags if not f.startswith("avx512")}
+    return resolve(option, flags)
+
+
+def measure(kind: str, threads: int, reps: int, fully_connected: str = "xnnpack") -> dict[str, Any]:
     import torch
     from executorch.extension.pybindings import portable_lib
     from executorch.runtime import Runtime as EtRuntime
@@ -134,11 +155,12 @@ def measure(kind: str, threads: int, reps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     label, build = _models()[kind]
     model, inputs = build()
-    et_pte, ep_pte = _lower(model, inputs, threads)
+    et_pte, ep_pte = _lower(kind, model, inputs, threads)
     if portable_lib._threadpool_get_thread_count() != threads:
         portable_lib._unsafe_reset_threadpool(threads)
     et = EtRuntime.get().load_program(et_pte).load_method("forward")
-    ours = Runtime.get().load_program(ep_pte).load_method("forward")
+    ours = Runtime.get().load_program(ep_pte).load_method(
+        "forward", backend_options={"XnnpackBackend": {"fully_connected": fully_connected}})
     x_t, x_np = list(inputs), [t.numpy().copy() for t in inputs]
     torch.set_num_threads(threads)
     with torch.no_grad():
@@ -152,7 +174,7 @@ def measure(kind: str, threads: int, reps: int) -> dict[str, Any]:
     times = interleaved({"executorch": lambda: et.execute(x_t), "edgeport": lambda: ours.execute(x_np),
                          "eager": eager}, reps=reps, gap_s=0.02, warmup=5)
     med = {k: statistics.median(v[1]) for k, v in times.items()}
-    return {"kind": kind, "label": label, "threads": threads, "et_ms": med["executorch"] * 1e3,
+    return {"kind": kind, "label": label, "threads": threads, "fc": fully_connected, "et_ms": med["executorch"] * 1e3,
             "ep_ms": med["edgeport"] * 1e3, "eager_ms": med["eager"] * 1e3,
             "ratio": med["edgeport"] / med["executorch"], "ratio_eager": med["edgeport"] / med["eager"],
             "err_et": errors[0], "err_ep": errors[1]}
@@ -164,10 +186,12 @@ def section_title() -> str:
 
 def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    mode = ("**AVX2 emulated** (`--emulate-avx2`): edgeport's libXNNPACK and PyTorch see no AVX-512; ExecuTorch's "
-            "statically linked XNNPACK cannot be masked and still runs the host's AVX-512 kernels, so its columns "
-            "and edgeport / ExecuTorch are host-ISA numbers, edgeport / eager is the AVX2 comparison. "
+    mode = ("**AVX2 emulated** (`--emulate-avx2`): edgeport's libXNNPACK, ExecuTorch's XNNPACK and PyTorch see "
+            "no AVX-512 (each through the cpuinfo or the switches it reads; see the script's docstring). "
             if EMULATED else "Host ISA. ")
+    fcs = sorted({r["fc"] for r in rows})
+    mode += (f"edgeport's executor ran float32 fully-connected layers and 1x1 convolutions on: {', '.join(fcs)} "
+             "(`XnnpackRuntimeOptions.fully_connected`, \"auto\" resolved for this CPU). ")
     lines = [section_title(), "",
              f"Measured by `bench/xnnpack_nodes.py` on {now}: {nproc()} CPUs, {cpu_model()} (flags: {_flags()}); "
              f"load average at the end {loadavg()}. {mode}Warm-call medians, the three contenders interleaved; "
@@ -209,30 +233,72 @@ def write_report(body: str) -> None:
     REPORT.write_text(text)
 
 
+def _et_paths() -> tuple[Path, Path]:
+    """(PyTorch's include directory, ExecuTorch's lib directory), found without importing either."""
+    import importlib.util
+
+    torch_spec, et_spec = importlib.util.find_spec("torch"), importlib.util.find_spec("executorch")
+    if torch_spec is None or et_spec is None or not torch_spec.submodule_search_locations \
+            or not et_spec.submodule_search_locations:
+        sys.exit("--emulate-avx2 needs torch and executorch installed")
+    return (Path(list(torch_spec.submodule_search_locations)[0]) / "include",
+            Path(list(et_spec.submodule_search_locations)[0]) / "lib")
+
+
 def _reexec_emulated(argv: list[str]) -> None:
-    """Build the cpuinfo shim and run this script again with it preloaded and PyTorch masked to AVX2."""
+    """Build the two cpuinfo shims and run this script again with PyTorch masked to AVX2 (the shims are loaded
+    by the new process, see ``_mask_xnnpacks``)."""
     if not Path("/usr/include/cpuinfo.h").exists() or shutil.which("gcc") is None:
         sys.exit("--emulate-avx2 needs gcc and Debian's libcpuinfo-dev (apt-get install gcc libcpuinfo-dev)")
-    src = Path(__file__).resolve().parent / "xnnpack_bench" / "avx2_only.c"
+    here = Path(__file__).resolve().parent / "xnnpack_bench"
     from xnnpack_bench.settings import CACHE
 
-    out = CACHE / "avx2_only.so"
+    out, out_et = CACHE / "avx2_only.so", CACHE / "avx2_only_et.so"
     out.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), str(src), "-l:libcpuinfo.so.0"], check=True)
-    env = dict(os.environ, EDGEPORT_BENCH_EMULATED_ISA=str(out), **_MASK_ENV)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(out), str(here / "avx2_only.c"),
+                    "-l:libcpuinfo.so.0"], check=True)
+    include, et_lib = _et_paths()
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-I", str(include), "-o", str(out_et),
+                    str(here / "avx2_only_et.c"), "-L", str(et_lib), "-l:libexecutorch_threadpool.so",
+                    f"-Wl,-rpath,{et_lib}"], check=True)
+    env = dict(os.environ, EDGEPORT_BENCH_EMULATED_ISA=f"{out}:{out_et}", **_MASK_ENV)
     args = [a for a in argv if a != "--emulate-avx2"]
     os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *args], env)
 
 
-def _mask_edgeports_xnnpack(shim: str) -> None:
-    """Clear AVX-512 in the libcpuinfo edgeport's libXNNPACK will use, before XNNPACK is loaded: the shim brings in
-    Debian's libcpuinfo.so.0, and libXNNPACK.so.0, loaded later, binds to that same instance."""
+_ISA_BITS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512vl")  # avx2_only_et.c
+
+
+def _mask_xnnpacks(shims: str) -> None:
+    """Clear AVX-512 in the cpuinfo each XNNPACK will use, before either is initialized.
+
+    edgeport's: the shim brings in Debian's libcpuinfo.so.0, and libXNNPACK.so.0, loaded later, binds to that same
+    instance. ExecuTorch's: the shim loads ExecuTorch's libexecutorch_threadpool.so and masks its cpuinfo before
+    ``import executorch.runtime`` loads the XNNPACK backend (which binds to that loaded instance: checked after);
+    the flags the shim reads must be this CPU's, or nothing is masked."""
     import ctypes
 
+    ours, theirs = shims.split(":")
     if "edgeport_xnnpack.native" in sys.modules:
         sys.exit("--emulate-avx2: edgeport's XNNPACK was loaded before the mask")
-    if ctypes.CDLL(shim).edgeport_mask_avx512() != 1:
+    if ctypes.CDLL(ours).edgeport_mask_avx512() != 1:
         sys.exit("--emulate-avx2: could not mask AVX-512 in libcpuinfo (does this CPU have AVX2?)")
+    shim = ctypes.CDLL(theirs, mode=ctypes.RTLD_LOCAL)  # loads ExecuTorch's libexecutorch_threadpool.so
+    flags = set(Path("/proc/cpuinfo").read_text().split("\nflags", 1)[1].split("\n", 1)[0].split())
+    bits = shim.edgeport_et_isa()
+    read = {name for i, name in enumerate(_ISA_BITS) if bits >= 0 and bits >> i & 1}
+    want = {name for name in _ISA_BITS if name in flags}
+    if read != want:
+        sys.exit(f"--emulate-avx2: ExecuTorch's cpuinfo reads {sorted(read)} through PyTorch's cpuinfo.h, the CPU "
+                 f"has {sorted(want)}: the struct layouts differ, not masking")
+    if shim.edgeport_et_mask_avx512() != 1:
+        sys.exit("--emulate-avx2: could not mask AVX-512 in ExecuTorch's cpuinfo")
+    import executorch.runtime  # noqa: F401 - loads ExecuTorch's XNNPACK, which must bind to the masked cpuinfo
+
+    tp = ctypes.CDLL(str(_et_paths()[1] / "libexecutorch_threadpool.so"), mode=os.RTLD_NOLOAD | ctypes.RTLD_LOCAL)
+    shim.edgeport_et_isa_address.restype = ctypes.c_void_p
+    if shim.edgeport_et_isa_address() != ctypes.addressof(ctypes.c_char.in_dll(tp, "cpuinfo_isa")):
+        sys.exit("--emulate-avx2: the ExecuTorch shim bound to another cpuinfo than ExecuTorch's XNNPACK uses")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -240,22 +306,26 @@ def main(argv: list[str] | None = None) -> None:
     if "--emulate-avx2" in raw and not EMULATED:
         _reexec_emulated(raw)
     if EMULATED:
-        _mask_edgeports_xnnpack(EMULATED)
+        _mask_xnnpacks(EMULATED)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kinds", nargs="+", default=None, help="node kinds (default: all)")
     ap.add_argument("--emulate-avx2", action="store_true", help="mask AVX-512 from edgeport's XNNPACK and PyTorch")
+    ap.add_argument("--fully-connected", choices=["auto", "xnnpack", "host"], default="auto",
+                    help="edgeport's XnnpackRuntimeOptions.fully_connected (auto: what this CPU gets)")
     ap.add_argument("--write-report", action="store_true", help="replace this section of bench/REPORT.md")
     args = ap.parse_args(argv)
     kinds = args.kinds or list(_models())
     unknown = sorted(set(kinds) - set(_models()))
     if unknown:
         ap.error(f"unknown node kinds {unknown}; known: {', '.join(_models())}")
+    fc = fc_choice(args.fully_connected)
+    print(f"edgeport's fully-connected layers and 1x1 convolutions: {fc}")
     rows = []
     for t in args.threads:
         for kind in kinds:
-            rows.append(measure(kind, t, args.reps))
+            rows.append(measure(kind, t, args.reps, fc))
             r = rows[-1]
             print(f"{kind:12s} {t}t  ET {r['et_ms']:8.3f} ms  edgeport {r['ep_ms']:8.3f} ms  eager "
                   f"{r['eager_ms']:8.3f} ms  ep/ET {r['ratio']:.2f}  ep/eager {r['ratio_eager']:.2f}", flush=True)

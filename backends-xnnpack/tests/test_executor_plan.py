@@ -11,6 +11,7 @@ from edgeport.errors import RuntimeExecutionError
 from edgeport_xnnpack import native
 from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._plan import shuffle_dims, squeeze_perm
+from edgeport_xnnpack.options import XnnpackRuntimeOptions
 from edgeport_xnnpack.runtime import NativeStep, ShuffleStep, XnnpackExecutor
 from edgeport_xnnpack.schema import ConstantDataOffset, Graph, TensorValue, XNode, serialize
 from edgeport_xnnpack.schema.graph import INVALID_ID
@@ -70,10 +71,11 @@ def attention_reference(x: np.ndarray, c: dict[str, np.ndarray]) -> tuple[np.nda
 def test_attention_blob_plans_few_steps_and_matches_numpy():
     blob, c = attention_blob()
     ex = XnnpackExecutor(num_threads=2)
-    h = ex.init(memoryview(blob), [])
+    h = ex.init(memoryview(blob), [], runtime_options=XnnpackRuntimeOptions(fully_connected="xnnpack"))
     try:
         # FC | reshape, transpose, slices, scalar multiply, matmul on views | softmax | matmul, view | FC
-        assert h.summary == {"native_steps": 3, "host_steps": 2, "operator_steps": 0, "nodes": 13}
+        assert h.summary == {"native_steps": 3, "host_steps": 2, "operator_steps": 0, "nodes": 13,
+                             "fully_connected": "xnnpack"}
         x = np.random.default_rng(1).standard_normal((1, S, D), dtype=np.float32)
         out, scores = ex.execute(h, [x])
         ref_out, ref_scores = attention_reference(x, c)

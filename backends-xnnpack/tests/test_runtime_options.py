@@ -69,4 +69,4 @@ def test_bad_num_threads_is_refused_at_load(value, message):
 
 def test_backends_lists_the_option():
     (xnnpack,) = [b for b in backends() if b.backend_id == "XnnpackBackend"]
-    assert xnnpack.runtime_options == ("num_threads",)
+    assert xnnpack.runtime_options == ("num_threads", "fully_connected")

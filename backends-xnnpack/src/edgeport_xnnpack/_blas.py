@@ -6,6 +6,7 @@ threads the two pools then take turns waiting for each other's descheduled worke
 batch matmuls (or the next XNNPACK runtime) get many times slower. ``single_threaded_blas()`` sets numpy's
 OpenBLAS to one thread and restores the caller's setting on exit (two cheap C calls; nothing else of the
 process changes, and only for the duration of the block). Without an OpenBLAS in the process it does nothing.
+``cblas_address`` finds its CBLAS ``sgemm`` / ``sgemv`` for the host matrix products (``_host_gemm``).
 """
 
 from __future__ import annotations
@@ -18,21 +19,31 @@ from typing import Any
 _SYMBOLS = [(f"{p}openblas_get_num_threads{s}", f"{p}openblas_set_num_threads{s}")
             for p in ("scipy_", "") for s in ("64_", "")]
 _fns: tuple[Any, Any] | None | bool = False  # False: not looked up yet; None: no OpenBLAS
+# CBLAS function name patterns, with whether their integers are 64-bit (numpy's scipy-openblas64 is ILP64)
+_CBLAS = [("scipy_cblas_{}64_", True), ("cblas_{}64_", True), ("scipy_cblas_{}", False), ("cblas_{}", False)]
+_cblas: dict[str, tuple[int, bool] | None] = {}
 
 
-def _find() -> tuple[Any, Any] | None:
+def _libraries() -> list[Any]:
+    """numpy's OpenBLAS libraries loaded in this process (Linux: from /proc/self/maps)."""
     import numpy  # noqa: F401 - its OpenBLAS must be loaded before we look for it
 
     try:
         with open("/proc/self/maps") as f:
             paths = sorted({line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1].lower()})
     except OSError:  # pragma: no cover - not Linux
-        return None
+        return []
+    libs = []
     for path in paths:
         try:
-            lib = ctypes.CDLL(path)
+            libs.append(ctypes.CDLL(path))
         except OSError:  # pragma: no cover
             continue
+    return libs
+
+
+def _find() -> tuple[Any, Any] | None:
+    for lib in _libraries():
         for get_name, set_name in _SYMBOLS:
             get, set_ = getattr(lib, get_name, None), getattr(lib, set_name, None)
             if get is not None and set_ is not None:
@@ -40,6 +51,22 @@ def _find() -> tuple[Any, Any] | None:
                 set_.restype, set_.argtypes = None, [ctypes.c_int]
                 return get, set_
     return None
+
+
+def cblas_address(name: str) -> tuple[int, bool] | None:
+    """``(address, ilp64)`` of numpy's OpenBLAS CBLAS function ``name`` (``"sgemm"``, ``"sgemv"``), or ``None``."""
+    if name not in _cblas:
+        found = None
+        for lib in _libraries():
+            for pattern, ilp64 in _CBLAS:
+                fn = getattr(lib, pattern.format(name), None)
+                if fn is not None:
+                    found = (ctypes.cast(fn, ctypes.c_void_p).value or 0, ilp64)
+                    break
+            if found:
+                break
+        _cblas[name] = found
+    return _cblas[name]
 
 
 def blas_threads() -> tuple[Any, Any] | None:

@@ -247,7 +247,7 @@ class HostSegment:
                 self.program.append(_compute(op, ins, o))
         self.size = len(nodes)
         # matrix multiplies run on one OpenBLAS thread (see _blas); None: nothing to limit
-        matmul = any(n.kind in ("XNNBatchMatrixMultiply", "XNNFullyConnected") for n in nodes)
+        matmul = any(n.kind in ("XNNBatchMatrixMultiply", "XNNFullyConnected", "XNNConv2d") for n in nodes)
         self.blas = blas_threads() if matmul else None
 
     def run(self, env: dict[int, np.ndarray]) -> None:

@@ -9,7 +9,9 @@ define are ``H``; the others are ``N``, except flexible ones placed where they a
   views, unless they take a natively produced (or external) value to a native consumer;
 - a multiplication by a one-element constant goes to the host when its operand comes from the host and
   nothing native reads its result (it would otherwise cut a host segment in two);
-- a 2-D transpose becomes an ``S`` operator step unless it touches host values (then it is a free view).
+- a 2-D transpose becomes an ``S`` operator step unless it touches host values (then it is a free view), except
+  the values of host matrix products (``gemm``: they read and write contiguous memory, so a view there would be
+  copied by numpy's slow strided loop).
 
 Then the nodes are list-scheduled (dependencies respected, blob order as tie-break) staying on one side as
 long as a node of that side is ready, so each side's nodes cluster into few, long steps.
@@ -98,9 +100,10 @@ class Placement:
 
 def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, TensorValue],
           dims: dict[int, tuple[int, ...]], const: set[int], operators: bool,
-          operators_x8: bool = False) -> Placement:
+          operators_x8: bool = False, gemm: frozenset[int] = frozenset()) -> Placement:
     """Choose each node's side (see the module docstring). ``operators`` / ``operators_x8``: the library has the
-    32-bit / 8-bit channel-shuffle operator."""
+    32-bit / 8-bit channel-shuffle operator; ``gemm``: indices of (non-native) nodes that run as host matrix
+    products on contiguous memory."""
     sizes = {4} if operators else set()
     if operators_x8:
         sizes.add(1)
@@ -127,7 +130,7 @@ def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, Tens
             sd = shuffle_dims(shape, perm) if valid_perm(shape, perm, dims[n.outputs()[0]]) else None
             if sd is not None:
                 shuffle[i] = sd
-        sides.append("N" if nat else "H")
+        sides.append("N" if nat else "G" if i in gemm else "H")  # "G": host, but not a view-friendly one
     for i in views | flex_mul:
         sides[i] = "H"
     for i in shuffle:
@@ -161,6 +164,7 @@ def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, Tens
                 sides[i], changed = new, True
         if not changed:
             break
+    sides = ["H" if s == "G" else s for s in sides]
     return Placement(sides, views, {i: sd for i, sd in shuffle.items() if sides[i] == "S"})
 
 

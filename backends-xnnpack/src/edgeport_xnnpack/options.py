@@ -51,11 +51,20 @@ class XnnpackRuntimeOptions(RuntimeOptions):
     0 (the default) keeps the delegate's ``num_threads`` compile option, else ``EDGEPORT_XNNPACK_THREADS`` or
     every core available to the process. Set here, it overrides the compile option: the thread count is a
     property of the machine a program runs on, not of the program.
+
+    ``fully_connected``: where float32 fully-connected layers and 1x1 convolutions run -- ``"xnnpack"`` (in the
+    delegate's XNNPACK runtimes), ``"host"`` (OpenBLAS's sgemm tiled on the delegate's thread pool) or ``"auto"``
+    (the default: ``"host"`` on x86-64 CPUs with AVX2 but no AVX-512, where the 2022 libXNNPACK's kernels are
+    2.3x slower than OpenBLAS's; see ``docs/backends/xnnpack.md``, "Speed by CPU kind").
     """
 
     num_threads: int = 0
+    fully_connected: str = "auto"
 
     def __post_init__(self) -> None:
         n = self.num_threads
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
             raise ValueError(f"XnnpackRuntimeOptions.num_threads must be an int in 0..1024, got {n!r}")
+        if self.fully_connected not in ("auto", "xnnpack", "host"):
+            raise ValueError("XnnpackRuntimeOptions.fully_connected must be 'auto', 'xnnpack' or 'host', got "
+                             f"{self.fully_connected!r}")

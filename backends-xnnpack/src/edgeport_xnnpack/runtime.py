@@ -36,6 +36,7 @@ from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_
 from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
+from edgeport_xnnpack._host_gemm import gemm_dims, gemm_op, resolve, wants_host
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
@@ -78,6 +79,8 @@ class _Planner:
         self.values: dict[int, TensorValue] = {}
         self.dims: dict[int, tuple[int, ...]] = {}
         self.const: dict[int, np.ndarray] = {}
+        self.host_gemm = False  # float32 fully-connected / 1x1 conv products on the host BLAS (_host_gemm)
+        self.pool: native.ThreadPool | None = None
 
     # -- checks ----------------------------------------------------------------------------------------------
     def check_values(self) -> tuple[list[int], list[int]]:
@@ -164,9 +167,12 @@ class _Planner:
 
     def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
         nodes = [self._as_reshape(n) for n in self.g.nodes]
-        nat = [self.native_ok(n) for n in nodes]
-        placed = place(nodes, nat, self.values, self.dims, set(self.const), self.lib.operators,
-                       self.lib.operators_x8)
+        self.pool = pool
+        const = set(self.const)
+        gemm = frozenset(i for i, n in enumerate(nodes)
+                         if self.host_gemm and wants_host(n, self.values, self.dims, const))
+        nat = [self.native_ok(n) and i not in gemm for i, n in enumerate(nodes)]
+        placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm)
         groups = schedule(nodes, placed.sides)
         producer: dict[int, int] = {}
         for gi, (_, idx) in enumerate(groups):
@@ -216,8 +222,10 @@ class _Planner:
     def _host(self, group: list[XNode], materialize: set[int]) -> HostStep:
         ops = []
         for n in group:
+            mkn = gemm_dims(n, self.values, self.dims, set(self.const)) if self.host_gemm else None
             try:
-                ops.append(make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
+                ops.append(gemm_op(n, mkn, self.dims[n.outputs()[0]], self.pool) if mkn is not None else
+                           make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
             except ValueError as exc:
                 raise _fail(f"{n.kind}: {exc}") from exc
         kinds = sorted({n.kind.removeprefix("XNN") for n in group})
@@ -315,8 +323,10 @@ def _padded_copy(a: np.ndarray) -> np.ndarray:
 
 
 def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: NamedData | None = None,
-         num_threads: int | None = None, max_specializations: int | None = None) -> XnnpackHandle:
-    """Parse, check and build a blob (the body of :meth:`XnnpackExecutor.init`)."""
+         num_threads: int | None = None, max_specializations: int | None = None,
+         fully_connected: str = "auto") -> XnnpackHandle:
+    """Parse, check and build a blob (the body of :meth:`XnnpackExecutor.init`); ``fully_connected``: where
+    float32 fully-connected layers and 1x1 convolutions run (see ``_host_gemm``)."""
     try:
         options = XnnpackCompileOptions.from_compile_specs(list(compile_specs))
     except ValueError as exc:
@@ -341,6 +351,7 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     planner.check_nodes(inputs)
+    planner.host_gemm = resolve(fully_connected) == "host"
     if dynamic:
         try:
             dequantize_dynamic_filters(graph, dynamic, planner.values, planner.const)
@@ -361,7 +372,8 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
         raise
     summary = {"native_steps": sum(isinstance(s, NativeStep) for s in steps),
                "host_steps": sum(isinstance(s, HostStep) for s in steps),
-               "operator_steps": sum(isinstance(s, ShuffleStep) for s in steps), "nodes": len(graph.nodes)}
+               "operator_steps": sum(isinstance(s, ShuffleStep) for s in steps), "nodes": len(graph.nodes),
+               "fully_connected": "host" if planner.host_gemm else "xnnpack"}
     base = dict(planner.dims)
 
     def build(dims: dict[int, tuple[int, ...]]) -> tuple[list, dict]:
@@ -399,7 +411,8 @@ class XnnpackExecutor(RuntimeExecutor):
         threads = self.num_threads
         if runtime_options is not None and runtime_options.num_threads:
             threads = runtime_options.num_threads
-        return load(processed, compile_specs, named_data, threads, self.max_specializations)
+        fully_connected = runtime_options.fully_connected if runtime_options is not None else "auto"
+        return load(processed, compile_specs, named_data, threads, self.max_specializations, fully_connected)
 
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:

@@ -1,0 +1,173 @@
+"""Float32 fully-connected layers and 1x1 convolutions on the host BLAS (torch-free).
+
+Debian's 2022 libXNNPACK runs these products well on AVX-512 CPUs but, on CPUs with AVX2 only, at ~40% of the
+core's peak: its FMA3 micro-kernels are the ceiling there (``bench/REPORT.md``, "XNNPACK per node kind (AVX2
+emulated)"), while OpenBLAS's AVX2 kernels, which numpy already brings, run the same shapes 2.3x faster. So
+``XnnpackRuntimeOptions.fully_connected`` chooses where they run:
+
+- ``"xnnpack"``: inside the delegate's XNNPACK runtimes, as ExecuTorch does;
+- ``"host"``: as host steps, on OpenBLAS's ``sgemm`` (``sgemv`` for one row) tiled over the delegate's own XNNPACK thread pool
+  (``edgeport_xnnpack._gemm``; numpy's matmul when that extension or OpenBLAS is missing);
+- ``"auto"`` (the default): ``"host"`` on x86-64 CPUs with AVX2 and without AVX-512F when the C extension and
+  OpenBLAS are present, else ``"xnnpack"``.
+
+Only products big enough to pay for a step boundary move (``MIN_MACS``), and only float32 ones with constant
+weights: fully-connected layers, and 1x1 stride-1 unpadded single-group convolutions (in XNNPACK's NHWC layout the
+same matrix product). The handle's summary says which choice a delegate runs with.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import platform
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from edgeport_xnnpack._blas import cblas_address
+from edgeport_xnnpack._host import HostOp
+from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
+
+try:
+    from edgeport_xnnpack import _gemm
+except ImportError:  # pragma: no cover - built without a C compiler
+    _gemm = None
+
+CHOICES = ("auto", "xnnpack", "host")
+MIN_MACS = 1 << 20  # ~0.05 ms of one AVX2 core: below this a step boundary costs more than the faster kernel saves
+_TRANSPOSE_WEIGHTS = 1  # XNN_FLAG_TRANSPOSE_WEIGHTS: a fully-connected filter stored [in, out]
+_RESHAPE_2D = 4  # XNN_FLAG_TENSORFLOW_RESHAPE_2D
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return set()
+
+
+def kernel_available() -> bool:
+    """The C tiling extension is built and numpy's OpenBLAS exports a CBLAS ``sgemm``."""
+    return _gemm is not None and _blas_pair() is not None
+
+
+def _blas_pair() -> tuple[int, int, bool] | None:
+    """``(sgemm, sgemv, ilp64)`` addresses of numpy's OpenBLAS, or ``None``."""
+    gemm, gemv = cblas_address("sgemm"), cblas_address("sgemv")
+    if gemm is None or gemv is None or gemm[1] != gemv[1]:
+        return None
+    return gemm[0], gemv[0], gemm[1]
+
+
+def resolve(choice: str, flags: set[str] | None = None) -> str:
+    """``"host"`` or ``"xnnpack"`` for a ``fully_connected`` option value (see the module docstring)."""
+    if choice not in CHOICES:
+        raise ValueError(f"fully_connected must be one of {list(CHOICES)}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    flags = cpu_flags() if flags is None else flags
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and {"avx2", "fma"} <= flags and "avx512f" not in flags and kernel_available():
+        return "host"
+    return "xnnpack"
+
+
+def _float(v: TensorValue) -> bool:
+    return v.datatype == FP32 and v.quant is None
+
+
+def gemm_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
+              const: set[int]) -> tuple[int, int, int] | None:
+    """``(m, k, n)`` of a float32 product with constant weights this module can run, else ``None``."""
+    if n.kind == "XNNFullyConnected":
+        if n.get("flags") & ~(_TRANSPOSE_WEIGHTS | _RESHAPE_2D):
+            return None
+    elif n.kind == "XNNConv2d":
+        one = all(n.get(f) == 1 for f in ("kernel_height", "kernel_width", "subsampling_height", "subsampling_width",
+                                          "dilation_height", "dilation_width", "groups"))
+        pads = any(n.get(f) for f in ("padding_top", "padding_right", "padding_bottom", "padding_left"))
+        if not one or pads or n.get("flags"):
+            return None
+    else:
+        return None
+    ins, out = n.inputs(), n.outputs()[0]
+    if len(ins) not in (2, 3) or not all(v in const for v in ins[1:]):
+        return None
+    if not all(_float(values[v]) for v in (*ins, out)):
+        return None
+    w = dims[ins[1]]
+    if n.kind == "XNNConv2d":
+        if len(w) != 4 or len(dims[ins[0]]) != 4:
+            return None
+        cols, k = w[0], w[3]
+    elif len(w) != 2:
+        return None
+    else:
+        cols, k = (w[1], w[0]) if n.get("flags") & _TRANSPOSE_WEIGHTS else (w[0], w[1])
+    rows = math.prod(dims[ins[0]]) // max(k, 1)
+    if rows * k != math.prod(dims[ins[0]]) or rows * cols != math.prod(dims[out]):
+        return None
+    if len(ins) == 3 and dims[ins[2]] != (cols,):
+        return None
+    if n.kind == "XNNFullyConnected" and not n.get("flags") & _RESHAPE_2D and dims[ins[0]][-1] != k:
+        return None
+    return rows, k, cols
+
+
+def wants_host(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]], const: set[int]) -> bool:
+    """``n`` is a product this module runs, big enough (``MIN_MACS``) to be worth a host step."""
+    mkn = gemm_dims(n, values, dims, const)
+    return mkn is not None and math.prod(mkn) >= MIN_MACS
+
+
+def _clamp(n: XNode) -> tuple[float, float]:
+    lo, hi = n.output_min_max or (-math.inf, math.inf)
+    if math.isnan(lo) or math.isnan(hi) or lo > hi:
+        raise ValueError(f"bad output range ({lo}, {hi})")
+    return lo, hi
+
+
+def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], pool: Any) -> HostOp:
+    """The host op of a product ``gemm_dims`` accepted: OpenBLAS tiled on ``pool`` (a ``native.ThreadPool`` or
+    ``None``), or numpy's matmul without the C extension or OpenBLAS."""
+    m, k, cols = mkn
+    transpose_w = n.kind == "XNNFullyConnected" and bool(n.get("flags") & _TRANSPOSE_WEIGHTS)
+    lo, hi = _clamp(n)
+    has_bias = len(n.inputs()) == 3
+    blas = _blas_pair()
+    into: Callable[[Sequence[np.ndarray], np.ndarray], None]
+    if _gemm is not None and blas is not None:
+        handle = getattr(pool, "handle", None) or 0
+        threads = getattr(pool, "num_threads", 1) if handle else 1
+        parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if handle else 0
+        sgemm, sgemv, ilp64 = blas
+        fc = _gemm.fully_connected
+
+        def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            a = xs[0] if xs[0].flags.c_contiguous else np.ascontiguousarray(xs[0])
+            fc(parallelize, handle, sgemm, sgemv, ilp64, a, xs[1], xs[2] if has_bias else None, out, m, k, cols,
+               transpose_w, lo, hi, threads)
+    else:
+        clamp = lo > -math.inf or hi < math.inf
+
+        def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            w = xs[1].reshape(k, cols) if transpose_w else xs[1].reshape(cols, k).T
+            dst = out.reshape(m, cols)
+            np.matmul(xs[0].reshape(m, k), w, out=dst)
+            if has_bias:
+                np.add(dst, xs[2], out=dst)
+            if clamp:
+                np.clip(dst, lo, hi, out=dst)
+
+    def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.empty(out_shape, np.float32)
+        into(xs, out)
+        return out
+    return HostOp(compute, into, view=False)

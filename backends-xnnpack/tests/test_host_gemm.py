@@ -1,0 +1,192 @@
+"""Float32 fully-connected layers and 1x1 convolutions on the host BLAS (``XnnpackRuntimeOptions.fully_connected``).
+
+Oracles: numpy's float64 matrix product for the C tiling kernel (``edgeport_xnnpack._gemm``), eager PyTorch for
+whole programs (a Hugging Face BERT and ResNet built from small configs, and a MobileNetV2-style block) run with
+every eligible product on the host, on 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from xnn_helpers import RTOL, eager, lower_edgeport, needs_xnnpack, rel_err
+
+torch = pytest.importorskip("torch")
+
+from edgeport.runtime import Runtime  # noqa: E402
+from edgeport_xnnpack import _host_gemm, native  # noqa: E402
+from edgeport_xnnpack import runtime as xnn_runtime  # noqa: E402
+from edgeport_xnnpack._blas import blas_threads, cblas_address  # noqa: E402
+from edgeport_xnnpack.options import XnnpackRuntimeOptions  # noqa: E402
+
+AVX2_ONLY = {"avx", "avx2", "fma", "f16c", "sse4_2"}
+
+
+def test_auto_picks_the_host_only_on_avx2_cpus_without_avx512(monkeypatch):
+    monkeypatch.setattr(_host_gemm.platform, "machine", lambda: "x86_64")
+    want = "host" if _host_gemm.kernel_available() else "xnnpack"
+    assert _host_gemm.resolve("auto", AVX2_ONLY) == want
+    assert _host_gemm.resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw"}) == "xnnpack"
+    assert _host_gemm.resolve("auto", {"sse4_2"}) == "xnnpack"
+    assert _host_gemm.resolve("host", AVX2_ONLY | {"avx512f"}) == "host"
+    assert _host_gemm.resolve("xnnpack", AVX2_ONLY) == "xnnpack"
+    monkeypatch.setattr(_host_gemm.platform, "machine", lambda: "aarch64")
+    assert _host_gemm.resolve("auto", AVX2_ONLY) == "xnnpack"
+    with pytest.raises(ValueError, match="fully_connected must be one of"):
+        _host_gemm.resolve("gpu")
+    with pytest.raises(ValueError, match="'auto', 'xnnpack' or 'host'"):
+        XnnpackRuntimeOptions(fully_connected="blas")
+
+
+gemm = pytest.importorskip("edgeport_xnnpack._gemm", reason="the optional C extension was not built")
+
+
+def _blas() -> tuple[int, int, bool]:
+    sgemm, sgemv = cblas_address("sgemm"), cblas_address("sgemv")
+    if sgemm is None or sgemv is None:
+        pytest.skip("numpy's BLAS is not OpenBLAS")
+    return sgemm[0], sgemv[0], sgemm[1]
+
+
+def _run(m: int, k: int, n: int, transpose_w: bool, bias: bool, lo: float, hi: float, pool) -> None:
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((k, n) if transpose_w else (n, k), dtype=np.float32)
+    b = rng.standard_normal(n, dtype=np.float32) if bias else None
+    out = np.full((m, n), np.nan, np.float32)
+    sgemm, sgemv, ilp64 = _blas()
+    handle = pool.handle if pool is not None else 0
+    parallelize = 0
+    if handle:
+        import ctypes
+
+        parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value
+    get, set_ = blas_threads()
+    before = get()
+    set_(1)
+    try:
+        gemm.fully_connected(parallelize, handle, sgemm, sgemv, ilp64, a, w, b, out, m, k, n, transpose_w, lo, hi,
+                             pool.num_threads if handle else 1)
+    finally:
+        set_(before)
+    w64 = w.astype(np.float64) if transpose_w else w.astype(np.float64).T
+    ref = a.astype(np.float64) @ w64 + (b.astype(np.float64) if bias else 0.0)
+    ref = np.clip(ref, lo, hi)
+    assert np.abs(out - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()) * math.sqrt(k)
+
+
+@needs_xnnpack
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m, k, n", [(1, 1280, 1000), (1, 7, 3), (5, 33, 17), (128, 64, 96), (300, 24, 20),
+                                     (3, 16, 200)])
+def test_kernel_matches_float64_matmul(m, k, n, threads):
+    pool = native.shared_pools.acquire(threads) if threads > 1 else None
+    try:
+        for transpose_w, bias, lo, hi in [(False, True, -math.inf, math.inf), (True, False, 0.0, 6.0),
+                                          (False, False, -0.5, math.inf), (True, True, -math.inf, 1.0)]:
+            _run(m, k, n, transpose_w, bias, lo, hi, pool)
+    finally:
+        if pool is not None:
+            native.shared_pools.release(pool)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"a": np.zeros((2, 3), np.float64)}, "input must be a C-contiguous float32"),
+    ({"a": np.zeros((2, 2), np.float32)}, "input holds 4 floats, 6 needed"),
+    ({"w": np.zeros((3, 4), np.float32)[:, ::2]}, "contiguous"),
+    ({"b": np.zeros(3, np.float32)}, "bias holds 3 floats, 4 needed"),
+    ({"out": np.zeros((2, 4), np.float32)[:, :3]}, "contiguous"),
+    ({"out": b"\0" * 32}, "writable"),
+    ({"lo": 1.0, "hi": 0.0}, "bad output range"),
+    ({"sgemm": 0}, "null sgemm"),
+    ({"pool": 1234, "parallelize": 0}, "pthreadpool_parallelize_1d"),
+    ({"m": 0}, "bad sizes"),
+])
+def test_kernel_refuses_bad_arguments_before_touching_memory(change, message):
+    sgemm, sgemv, ilp64 = _blas()
+    args = {"parallelize": 0, "pool": 0, "sgemm": sgemm, "sgemv": sgemv, "a": np.zeros((2, 3), np.float32),
+            "w": np.zeros((4, 3), np.float32), "b": np.zeros(4, np.float32), "out": np.zeros((2, 4), np.float32),
+            "m": 2, "lo": -math.inf, "hi": math.inf}
+    args.update(change)
+    with pytest.raises((ValueError, TypeError, BufferError), match=message):
+        gemm.fully_connected(args["parallelize"], args["pool"], args["sgemm"], args["sgemv"], ilp64, args["a"],
+                             args["w"], args["b"], args["out"], args["m"], 3, 4, False, args["lo"], args["hi"], 1)
+
+
+class _Count:
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        real = xnn_runtime.gemm_op
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(xnn_runtime, "gemm_op", counting)
+        monkeypatch.setattr(_host_gemm, "MIN_MACS", 0)  # every eligible product, however small, on the host
+
+
+def _models():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32, attn_implementation="eager")).eval()
+    ids = torch.randint(0, 64, (1, 12))
+
+    class Bert(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=x).last_hidden_state
+
+    resnet = transformers.ResNetModel(transformers.ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="bottleneck", num_channels=3)).eval()
+
+    class ResNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.resnet = resnet
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.resnet(pixel_values=x).pooler_output
+
+    from torch import nn
+
+    block = nn.Sequential(nn.Conv2d(8, 48, 1), nn.BatchNorm2d(48), nn.ReLU6(),
+                          nn.Conv2d(48, 48, 3, 2, 1, groups=48), nn.ReLU6(), nn.Conv2d(48, 16, 1), nn.Flatten(),
+                          nn.Linear(16 * 8 * 8, 10)).eval()
+    return {"bert": (Bert().eval(), (ids,)), "resnet": (ResNet(), (torch.randn(1, 3, 32, 32),)),
+            "mobilenet_block": (block, (torch.randn(1, 8, 16, 16),))}
+
+
+@needs_xnnpack
+@pytest.mark.skipif(not _host_gemm.kernel_available(), reason="no C extension or OpenBLAS: numpy form only")
+@pytest.mark.parametrize("name", ["bert", "resnet", "mobilenet_block"])
+def test_programs_with_products_on_the_host_match_eager(name, monkeypatch):
+    model, args = _models()[name]
+    ref = eager(model, args)
+    _, pte, _ = lower_edgeport(model, args)
+    count = _Count(monkeypatch)
+    for threads in (1, 2):
+        method = Runtime.get().load_program(pte).load_method(
+            "forward", backend_options={"XnnpackBackend": {"fully_connected": "host", "num_threads": threads}})
+        out = method.execute([a.numpy() for a in args])[0]
+        assert rel_err(out, ref) < RTOL
+    assert count.calls > 0, "no product ran on the host"
+
+
+@needs_xnnpack
+def test_numpy_form_without_the_extension_matches_eager(monkeypatch):
+    model, args = _models()["mobilenet_block"]
+    ref = eager(model, args)
+    _, pte, _ = lower_edgeport(model, args)
+    count = _Count(monkeypatch)
+    monkeypatch.setattr(_host_gemm, "_gemm", None)
+    method = Runtime.get().load_program(pte).load_method(
+        "forward", backend_options={"XnnpackBackend": {"fully_connected": "host"}})
+    assert rel_err(method.execute([a.numpy() for a in args])[0], ref) < RTOL
+    assert count.calls > 0
