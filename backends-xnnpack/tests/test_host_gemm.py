@@ -1,6 +1,7 @@
 """Float32 fully-connected layers and 1x1 convolutions on the host BLAS (``XnnpackRuntimeOptions.fully_connected``).
 
-Oracles: numpy's float64 matrix product for the C tiling kernel (``edgeport_xnnpack._gemm``), eager PyTorch for
+Oracles: numpy's float64 matrix product for the C kernels (``edgeport_xnnpack._gemm``: OpenBLAS tiled on the pool,
+and the packed AVX2/FMA micro-kernel), eager PyTorch for
 whole programs (a Hugging Face BERT and ResNet built from small configs, and a MobileNetV2-style block) run with
 every eligible product on the host, on 1 and 2 threads.
 """
@@ -113,6 +114,58 @@ def test_kernel_refuses_bad_arguments_before_touching_memory(change, message):
     with pytest.raises((ValueError, TypeError, BufferError), match=message):
         gemm.fully_connected(args["parallelize"], args["pool"], args["sgemm"], args["sgemv"], ilp64, args["a"],
                              args["w"], args["b"], args["out"], args["m"], 3, 4, False, args["lo"], args["hi"], 1)
+
+
+packed = pytest.mark.skipif(not (hasattr(gemm, "packed_available") and gemm.packed_available()),
+                            reason="this CPU has no AVX2/FMA: the micro-kernel does not run")
+
+
+@needs_xnnpack
+@packed
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m, k, n", [(6, 1, 1), (7, 33, 17), (13, 16, 96), (200, 24, 144), (49, 160, 40),
+                                     (3, 8, 300)])
+def test_packed_kernel_matches_float64_matmul(m, k, n, threads):
+    pool = native.shared_pools.acquire(threads) if threads > 1 else None
+    try:
+        import ctypes
+
+        parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if pool else 0
+        rng = np.random.default_rng(m + k + n)
+        for transpose_w, bias, lo, hi in [(False, True, -math.inf, math.inf), (True, True, 0.0, 6.0),
+                                          (False, False, -0.25, 0.25)]:
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            w = rng.standard_normal((k, n) if transpose_w else (n, k), dtype=np.float32)
+            b = rng.standard_normal(n, dtype=np.float32) if bias else None
+            wp, bp = _host_gemm.pack_filter(w, b, k, n, transpose_w)
+            out = np.full((m, n), np.nan, np.float32)
+            gemm.packed_gemm(parallelize, pool.handle if pool else 0, a, wp, bp, out, m, k, n, lo, hi, threads)
+            ref = a.astype(np.float64) @ (w.astype(np.float64) if transpose_w else w.astype(np.float64).T)
+            ref = np.clip(ref + (b if bias else 0.0), lo, hi)
+            assert np.abs(out - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()) * math.sqrt(k)
+    finally:
+        if pool is not None:
+            native.shared_pools.release(pool)
+
+
+@packed
+@pytest.mark.parametrize("change, message", [
+    ({"w": np.zeros(16 * 3 - 1, np.float32)}, "packed filter holds 47 floats, 48 needed"),
+    ({"b": np.zeros(15, np.float32)}, "packed bias holds 15 floats, 16 needed"),
+    ({"a": np.zeros(5, np.float32)}, "input holds 5 floats, 6 needed"),
+    ({"out": np.zeros(3, np.float32)}, "output holds 3 floats, 4 needed"),
+    ({"out": np.zeros(4, np.float64)}, "output must be a C-contiguous float32"),
+    ({"pool": 99}, "pthreadpool_parallelize_1d"),
+    ({"lo": math.nan}, "bad output range"),
+    ({"k": 0}, "bad sizes"),
+])
+def test_packed_kernel_refuses_bad_arguments(change, message):
+    args = {"pool": 0, "a": np.zeros(6, np.float32), "w": np.zeros(48, np.float32), "b": np.zeros(16, np.float32),
+            "out": np.zeros(4, np.float32), "lo": -math.inf, "k": 3}
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=message):
+        gemm.packed_gemm(0, args["pool"], args["a"], args["w"], args["b"], args["out"], 2, args["k"], 2, args["lo"],
+                         math.inf, 1)
 
 
 class _Count:

@@ -168,9 +168,15 @@ static PyObject *fully_connected(PyObject *Py_UNUSED(module), PyObject *args) {
                     bias_obj != Py_None ? bias.buf : NULL, out.buf, m, k, n, n, (float)lo, (float)hi};
     size_t tiles = 1;
     if (pool && threads > 1) {
-        /* column tiles of >= 16 (one micro-kernel width) when there are enough columns, else row tiles */
+        /* Each tile's sgemm packs its share of one operand and the whole of the other: split the dimension whose
+           operand is bigger (rows when m > n, so that a tall input with few channels is packed once), in tiles of
+           >= 16 columns (one micro-kernel width) or whole rows. */
         Py_ssize_t col_tile = ((n + threads - 1) / threads + 15) / 16 * 16;
-        if (n >= 16 * threads) {
+        if (m > n && m >= 2 * threads) {
+            j.split_rows = 1;
+            j.tile = (m + threads - 1) / threads;
+            tiles = (size_t)((m + j.tile - 1) / j.tile);
+        } else if (n >= 16 * threads) {
             j.tile = col_tile;
             tiles = (size_t)((n + col_tile - 1) / col_tile);
         } else if (m >= 2 * threads) {
@@ -196,10 +202,193 @@ static PyObject *fully_connected(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- packed_gemm: a 6x16 AVX2/FMA micro-kernel on filters packed once at load ------------------------------------
+ * For the shapes OpenBLAS serves worst -- many rows, few input channels (MobileNetV2's early 1x1 convolutions: it
+ * packs the whole input before multiplying, which costs as much as the product when k is small) -- and filters
+ * small enough to stay in cache: the input is read in place, 6 rows at a time, against each 16-column panel of the
+ * packed filter ([ceil(n/16)][k][16] floats, zero-padded, with its bias padded to the same width), and the bias and
+ * clamp are applied in registers before the one store. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PACKED_GEMM 1
+
+struct packed_job {
+    const float *a, *w, *bias;
+    float *out;
+    Py_ssize_t m, k, n, rows_per_tile, panels_per_tile, panel_tiles;
+    float lo, hi;
+};
+
+__attribute__((target("avx2,fma"))) static void panel_rows(const struct packed_job *j, Py_ssize_t r0, Py_ssize_t mr,
+                                                            Py_ssize_t p) {
+    const Py_ssize_t k = j->k, c0 = p * 16;
+    const float *w = j->w + p * k * 16;
+    const float *a0 = j->a + r0 * k;
+    __m256 acc[6][2];
+    __m256 b0 = _mm256_loadu_ps(j->bias + c0), b1 = _mm256_loadu_ps(j->bias + c0 + 8);
+    for (int r = 0; r < 6; r++) {
+        acc[r][0] = b0;
+        acc[r][1] = b1;
+    }
+    if (mr == 6) {  /* 12 named accumulators: the compiler keeps them in registers */
+        __m256 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1, c30 = b0, c31 = b1, c40 = b0, c41 = b1,
+               c50 = b0, c51 = b1;
+        const float *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k, *a4 = a3 + k, *a5 = a4 + k;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            __m256 w0 = _mm256_loadu_ps(w + i * 16), w1 = _mm256_loadu_ps(w + i * 16 + 8);
+            __m256 x = _mm256_broadcast_ss(a0 + i);
+            c00 = _mm256_fmadd_ps(x, w0, c00);
+            c01 = _mm256_fmadd_ps(x, w1, c01);
+            x = _mm256_broadcast_ss(a1 + i);
+            c10 = _mm256_fmadd_ps(x, w0, c10);
+            c11 = _mm256_fmadd_ps(x, w1, c11);
+            x = _mm256_broadcast_ss(a2 + i);
+            c20 = _mm256_fmadd_ps(x, w0, c20);
+            c21 = _mm256_fmadd_ps(x, w1, c21);
+            x = _mm256_broadcast_ss(a3 + i);
+            c30 = _mm256_fmadd_ps(x, w0, c30);
+            c31 = _mm256_fmadd_ps(x, w1, c31);
+            x = _mm256_broadcast_ss(a4 + i);
+            c40 = _mm256_fmadd_ps(x, w0, c40);
+            c41 = _mm256_fmadd_ps(x, w1, c41);
+            x = _mm256_broadcast_ss(a5 + i);
+            c50 = _mm256_fmadd_ps(x, w0, c50);
+            c51 = _mm256_fmadd_ps(x, w1, c51);
+        }
+        acc[0][0] = c00; acc[0][1] = c01; acc[1][0] = c10; acc[1][1] = c11; acc[2][0] = c20; acc[2][1] = c21;
+        acc[3][0] = c30; acc[3][1] = c31; acc[4][0] = c40; acc[4][1] = c41; acc[5][0] = c50; acc[5][1] = c51;
+    } else {
+        for (Py_ssize_t i = 0; i < k; i++) {
+            __m256 w0 = _mm256_loadu_ps(w + i * 16), w1 = _mm256_loadu_ps(w + i * 16 + 8);
+            for (Py_ssize_t r = 0; r < mr; r++) {
+                __m256 x = _mm256_broadcast_ss(a0 + r * k + i);
+                acc[r][0] = _mm256_fmadd_ps(x, w0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
+            }
+        }
+    }
+    __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi);
+    Py_ssize_t cols = j->n - c0 < 16 ? j->n - c0 : 16;
+    for (Py_ssize_t r = 0; r < mr; r++) {
+        __m256 v0 = _mm256_min_ps(_mm256_max_ps(acc[r][0], lo), hi);
+        __m256 v1 = _mm256_min_ps(_mm256_max_ps(acc[r][1], lo), hi);
+        float *o = j->out + (r0 + r) * j->n + c0;
+        if (cols == 16) {
+            _mm256_storeu_ps(o, v0);
+            _mm256_storeu_ps(o + 8, v1);
+        } else {
+            float tmp[16];
+            _mm256_storeu_ps(tmp, v0);
+            _mm256_storeu_ps(tmp + 8, v1);
+            memcpy(o, tmp, (size_t)cols * sizeof(float));
+        }
+    }
+}
+
+/* tile `index` of a grid of row tiles x panel tiles: its 6-row blocks, each against its panels */
+static void packed_tile(void *ctx, size_t index) {
+    const struct packed_job *j = ctx;
+    Py_ssize_t rt = (Py_ssize_t)index / j->panel_tiles, pt = (Py_ssize_t)index % j->panel_tiles;
+    Py_ssize_t r0 = rt * j->rows_per_tile, r1 = r0 + j->rows_per_tile < j->m ? r0 + j->rows_per_tile : j->m;
+    Py_ssize_t panels = (j->n + 15) / 16, p0 = pt * j->panels_per_tile;
+    Py_ssize_t p1 = p0 + j->panels_per_tile < panels ? p0 + j->panels_per_tile : panels;
+    for (Py_ssize_t r = r0; r < r1; r += 6)
+        for (Py_ssize_t p = p0; p < p1; p++)
+            panel_rows(j, r, r1 - r < 6 ? r1 - r : 6, p);
+}
+#endif
+
+static PyObject *packed_available(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) {
+#ifdef PACKED_GEMM
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        Py_RETURN_TRUE;
+#endif
+    Py_RETURN_FALSE;
+}
+
+static PyObject *packed_gemm(PyObject *Py_UNUSED(module), PyObject *args) {
+    unsigned long long parallelize, pool;
+    PyObject *a_obj, *w_obj, *bias_obj, *out_obj;
+    Py_ssize_t m, k, n, threads;
+    double lo, hi;
+    if (!PyArg_ParseTuple(args, "KKOOOOnnnddn:packed_gemm", &parallelize, &pool, &a_obj, &w_obj, &bias_obj, &out_obj,
+                          &m, &k, &n, &lo, &hi, &threads))
+        return NULL;
+#ifndef PACKED_GEMM
+    PyErr_SetString(PyExc_RuntimeError, "packed_gemm: not built for this CPU architecture");
+    return NULL;
+#else
+    if (PyObject_IsTrue(packed_available(NULL, NULL)) != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "packed_gemm: this CPU lacks AVX2 or FMA");
+        return NULL;
+    }
+    if (m < 1 || k < 1 || n < 1 || threads < 1 || m > PY_SSIZE_T_MAX / k || m > PY_SSIZE_T_MAX / n
+            || n > PY_SSIZE_T_MAX / 16 / k) {
+        PyErr_Format(PyExc_ValueError, "packed_gemm: bad sizes m=%zd k=%zd n=%zd threads=%zd", m, k, n, threads);
+        return NULL;
+    }
+    if (pool && !parallelize) {
+        PyErr_SetString(PyExc_ValueError, "packed_gemm: null pthreadpool_parallelize_1d address");
+        return NULL;
+    }
+    if (isnan(lo) || isnan(hi) || lo > hi) {
+        PyErr_Format(PyExc_ValueError, "packed_gemm: bad output range (%g, %g)", lo, hi);
+        return NULL;
+    }
+    Py_ssize_t panels = (n + 15) / 16;
+    Py_buffer a, w, bias, out;
+    if (float_buffer(a_obj, &a, 0, m * k, "input") < 0)
+        return NULL;
+    if (float_buffer(w_obj, &w, 0, panels * k * 16, "packed filter") < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    if (float_buffer(bias_obj, &bias, 0, panels * 16, "packed bias") < 0) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    if (float_buffer(out_obj, &out, 1, m * n, "output") < 0) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&w);
+        PyBuffer_Release(&bias);
+        return NULL;
+    }
+    struct packed_job j = {a.buf, w.buf, bias.buf, out.buf, m, k, n, m, panels, 1, (float)lo, (float)hi};
+    size_t tiles = 1;
+    if (pool && threads > 1) {
+        /* ~4 tiles per thread: of 6-row blocks when there are enough rows, else of 16-column panels */
+        Py_ssize_t want = 4 * threads;
+        if (m >= 6 * want) {
+            j.rows_per_tile = ((m + want - 1) / want + 5) / 6 * 6;
+        } else if (panels >= 2) {
+            j.panels_per_tile = (panels + want - 1) / want;
+            j.panel_tiles = (panels + j.panels_per_tile - 1) / j.panels_per_tile;
+        }
+        tiles = (size_t)(((m + j.rows_per_tile - 1) / j.rows_per_tile) * j.panel_tiles);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (tiles > 1)
+        ((parallelize_fn)(uintptr_t)parallelize)((void *)(uintptr_t)pool, packed_tile, &j, tiles, 0);
+    else
+        packed_tile(&j, 0);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&bias);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"fully_connected", fully_connected, METH_VARARGS,
      "fully_connected(parallelize, pool, sgemm, sgemv, ilp64, a, w, bias, out, m, k, n, transpose_w, lo, hi, "
      "threads)"},
+    {"packed_available", packed_available, METH_NOARGS, "packed_available() -> the CPU runs packed_gemm"},
+    {"packed_gemm", packed_gemm, METH_VARARGS,
+     "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},
     {NULL, NULL, 0, NULL},
 };
 

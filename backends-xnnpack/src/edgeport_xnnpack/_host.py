@@ -77,6 +77,7 @@ class HostOp:
     compute: Callable[[Sequence[np.ndarray]], np.ndarray]
     into: Callable[[Sequence[np.ndarray], np.ndarray], None]
     view: bool
+    uses_blas: bool = False  # runs numpy's OpenBLAS (the segment then limits it to one thread, see _blas)
 
 
 def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, view: bool = False,
@@ -186,7 +187,9 @@ def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
             np.add(dst, xs[2], out=dst)
         if clamp is not None:
             np.clip(dst, clamp[0], clamp[1], out=dst)
-    return _op(into=into, out_shape=out_shape)
+    op = _op(into=into, out_shape=out_shape)
+    op.uses_blas = True
+    return op
 
 
 _BINARY = {"XNNMultiply": np.multiply, "XNNAdd": np.add, "XNNSubtract": np.subtract, "XNNDiv": np.divide}
@@ -247,8 +250,7 @@ class HostSegment:
                 self.program.append(_compute(op, ins, o))
         self.size = len(nodes)
         # matrix multiplies run on one OpenBLAS thread (see _blas); None: nothing to limit
-        matmul = any(n.kind in ("XNNBatchMatrixMultiply", "XNNFullyConnected", "XNNConv2d") for n in nodes)
-        self.blas = blas_threads() if matmul else None
+        self.blas = blas_threads() if any(op.uses_blas for op in ops) else None
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         blas = self.blas

@@ -2,14 +2,16 @@
 
 Debian's 2022 libXNNPACK runs these products well on AVX-512 CPUs but, on CPUs with AVX2 only, at ~40% of the
 core's peak: its FMA3 micro-kernels are the ceiling there (``bench/REPORT.md``, "XNNPACK per node kind (AVX2
-emulated)"), while OpenBLAS's AVX2 kernels, which numpy already brings, run the same shapes 2.3x faster. So
-``XnnpackRuntimeOptions.fully_connected`` chooses where they run:
+emulated)"). So ``XnnpackRuntimeOptions.fully_connected`` chooses where they run:
 
 - ``"xnnpack"``: inside the delegate's XNNPACK runtimes, as ExecuTorch does;
-- ``"host"``: as host steps, on OpenBLAS's ``sgemm`` (``sgemv`` for one row) tiled over the delegate's own XNNPACK thread pool
-  (``edgeport_xnnpack._gemm``; numpy's matmul when that extension or OpenBLAS is missing);
-- ``"auto"`` (the default): ``"host"`` on x86-64 CPUs with AVX2 and without AVX-512F when the C extension and
-  OpenBLAS are present, else ``"xnnpack"``.
+- ``"host"``: as host steps of ``edgeport_xnnpack._gemm``, tiled over the delegate's own XNNPACK thread pool (no
+  second set of worker threads): from 6 rows up, a 6x16 AVX2/FMA micro-kernel on the filter packed once at load
+  (XNNPACK's own scheme: the input is read in place; 0.66-0.93x OpenBLAS's time on every MobileNetV2 and encoder
+  shape, which packs the whole input first), below that (a single token) OpenBLAS's ``sgemv`` / ``sgemm``; numpy's
+  matmul when the extension is not built;
+- ``"auto"`` (the default): ``"host"`` on x86-64 CPUs with AVX2 and without AVX-512F when the extension runs the
+  micro-kernel, else ``"xnnpack"``.
 
 Only products big enough to pay for a step boundary move (``MIN_MACS``), and only float32 ones with constant
 weights: fully-connected layers, and 1x1 stride-1 unpadded single-group convolutions (in XNNPACK's NHWC layout the
@@ -54,8 +56,8 @@ def cpu_flags() -> set[str]:
 
 
 def kernel_available() -> bool:
-    """The C tiling extension is built and numpy's OpenBLAS exports a CBLAS ``sgemm``."""
-    return _gemm is not None and _blas_pair() is not None
+    """The C extension is built and this CPU runs its AVX2/FMA micro-kernel."""
+    return _gemm is not None and bool(_gemm.packed_available())
 
 
 def _blas_pair() -> tuple[int, int, bool] | None:
@@ -134,19 +136,43 @@ def _clamp(n: XNode) -> tuple[float, float]:
     return lo, hi
 
 
-def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], pool: Any) -> HostOp:
-    """The host op of a product ``gemm_dims`` accepted: OpenBLAS tiled on ``pool`` (a ``native.ThreadPool`` or
-    ``None``), or numpy's matmul without the C extension or OpenBLAS."""
+def pack_filter(w: np.ndarray, bias: np.ndarray | None, k: int, n: int,
+                transpose_w: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The micro-kernel's operands: the filter as ``[ceil(n/16)][k][16]`` floats and the bias as ``ceil(n/16)*16``,
+    both zero-padded."""
+    rows = w.reshape(k, n).T if transpose_w else w.reshape(n, k)  # [n, k]
+    n16 = -(-n // 16) * 16
+    padded = np.zeros((n16, k), np.float32)
+    padded[:n] = rows
+    packed_bias = np.zeros(n16, np.float32)
+    if bias is not None:
+        packed_bias[:n] = bias.reshape(n)
+    return np.ascontiguousarray(padded.reshape(n16 // 16, 16, k).transpose(0, 2, 1)), packed_bias
+
+
+def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], pool: Any,
+            const: dict[int, np.ndarray]) -> HostOp:
+    """The host op of a product ``gemm_dims`` accepted (its filter and bias are in ``const``): the micro-kernel or
+    OpenBLAS tiled on ``pool`` (a ``native.ThreadPool`` or ``None``), or numpy's matmul without the extension."""
     m, k, cols = mkn
     transpose_w = n.kind == "XNNFullyConnected" and bool(n.get("flags") & _TRANSPOSE_WEIGHTS)
     lo, hi = _clamp(n)
     has_bias = len(n.inputs()) == 3
     blas = _blas_pair()
+    handle = getattr(pool, "handle", None) or 0
+    threads = getattr(pool, "num_threads", 1) if handle else 1
+    parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if handle else 0
     into: Callable[[Sequence[np.ndarray], np.ndarray], None]
-    if _gemm is not None and blas is not None:
-        handle = getattr(pool, "handle", None) or 0
-        threads = getattr(pool, "num_threads", 1) if handle else 1
-        parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if handle else 0
+    packed = None
+    if _gemm is not None and m >= 6 and _gemm.packed_available():
+        ins = n.inputs()
+        w, b = pack_filter(const[ins[1]], const[ins[2]] if has_bias else None, k, cols, transpose_w)
+        packed = _gemm.packed_gemm
+
+        def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            a = xs[0] if xs[0].flags.c_contiguous else np.ascontiguousarray(xs[0])
+            packed(parallelize, handle, a, w, b, out, m, k, cols, lo, hi, threads)
+    elif _gemm is not None and blas is not None:
         sgemm, sgemv, ilp64 = blas
         fc = _gemm.fully_connected
 
@@ -170,4 +196,4 @@ def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], poo
         out = np.empty(out_shape, np.float32)
         into(xs, out)
         return out
-    return HostOp(compute, into, view=False)
+    return HostOp(compute, into, view=False, uses_blas=packed is None)

@@ -224,7 +224,7 @@ class _Planner:
         for n in group:
             mkn = gemm_dims(n, self.values, self.dims, set(self.const)) if self.host_gemm else None
             try:
-                ops.append(gemm_op(n, mkn, self.dims[n.outputs()[0]], self.pool) if mkn is not None else
+                ops.append(gemm_op(n, mkn, self.dims[n.outputs()[0]], self.pool, self.const) if mkn is not None else
                            make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
             except ValueError as exc:
                 raise _fail(f"{n.kind}: {exc}") from exc
