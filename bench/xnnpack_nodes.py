@@ -180,8 +180,14 @@ def measure(kind: str, threads: int, reps: int, fully_connected: str = "xnnpack"
             "err_et": errors[0], "err_ep": errors[1]}
 
 
+BUSY_NOTE = ("**One core busy** (`--busy-core`): another process spins on the CPU for the whole run, as when a "
+             "device does other work; the 2-thread columns show what each thread pool does when one of its workers "
+             "competes for a core. ")
+BUSY = False  # --busy-core: another process keeps one core busy while the contenders are timed
+
+
 def section_title() -> str:
-    return SECTION + (" (AVX2 emulated)" if EMULATED else " (host ISA)")
+    return SECTION + (" (AVX2 emulated)" if EMULATED else " (host ISA)") + (", one core busy" if BUSY else "")
 
 
 def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
@@ -194,7 +200,7 @@ def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
              "(`XnnpackRuntimeOptions.fully_connected`, \"auto\" resolved for this CPU). ")
     lines = [section_title(), "",
              f"Measured by `bench/xnnpack_nodes.py` on {now}: {nproc()} CPUs, {cpu_model()} (flags: {_flags()}); "
-             f"load average at the end {loadavg()}. {mode}Warm-call medians, the three contenders interleaved; "
+             f"load average at the end {loadavg()}. {mode}{BUSY_NOTE if BUSY else ''}Warm-call medians, the three contenders interleaved; "
              "ratio = edgeport / ExecuTorch and edgeport / eager (below 1: edgeport faster). error = max |out - "
              "eager| / max |eager|.", "",
              "| node kind | model | " + " | ".join(
@@ -314,21 +320,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--emulate-avx2", action="store_true", help="mask AVX-512 from edgeport's XNNPACK and PyTorch")
     ap.add_argument("--fully-connected", choices=["auto", "xnnpack", "host"], default="auto",
                     help="edgeport's XnnpackRuntimeOptions.fully_connected (auto: what this CPU gets)")
+    ap.add_argument("--busy-core", action="store_true",
+                    help="keep one core busy with another process (a spin loop) while timing")
     ap.add_argument("--write-report", action="store_true", help="replace this section of bench/REPORT.md")
     args = ap.parse_args(argv)
     kinds = args.kinds or list(_models())
     unknown = sorted(set(kinds) - set(_models()))
     if unknown:
         ap.error(f"unknown node kinds {unknown}; known: {', '.join(_models())}")
+    global BUSY
+    BUSY = args.busy_core
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if BUSY else None
     fc = fc_choice(args.fully_connected)
     print(f"edgeport's fully-connected layers and 1x1 convolutions: {fc}")
     rows = []
-    for t in args.threads:
-        for kind in kinds:
-            rows.append(measure(kind, t, args.reps, fc))
-            r = rows[-1]
-            print(f"{kind:12s} {t}t  ET {r['et_ms']:8.3f} ms  edgeport {r['ep_ms']:8.3f} ms  eager "
-                  f"{r['eager_ms']:8.3f} ms  ep/ET {r['ratio']:.2f}  ep/eager {r['ratio_eager']:.2f}", flush=True)
+    try:
+        for t in args.threads:
+            for kind in kinds:
+                rows.append(measure(kind, t, args.reps, fc))
+                r = rows[-1]
+                print(f"{kind:12s} {t}t  ET {r['et_ms']:8.3f} ms  edgeport {r['ep_ms']:8.3f} ms  eager "
+                      f"{r['eager_ms']:8.3f} ms  ep/ET {r['ratio']:.2f}  ep/eager {r['ratio_eager']:.2f}", flush=True)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     body = render(rows, args.threads)
     print(body)
     if args.write_report:

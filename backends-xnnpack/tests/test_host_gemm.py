@@ -243,3 +243,23 @@ def test_numpy_form_without_the_extension_matches_eager(monkeypatch):
         "forward", backend_options={"XnnpackBackend": {"fully_connected": "host"}})
     assert rel_err(method.execute([a.numpy() for a in args])[0], ref) < RTOL
     assert count.calls > 0
+
+
+@needs_xnnpack
+@packed
+def test_packed_products_do_not_keep_a_second_copy_of_the_filter():
+    from edgeport.program import load_pte
+    from edgeport_xnnpack.runtime import XnnpackExecutor
+
+    model, args = torch.nn.Linear(256, 512).eval(), (torch.randn(16, 256),)
+    lp = load_pte(lower_edgeport(model, args)[1])
+    ex = XnnpackExecutor(num_threads=1)
+    h = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data,
+                runtime_options=XnnpackRuntimeOptions(fully_connected="host"))
+    try:
+        assert h.summary["fully_connected"] == "host" and h.summary["host_steps"] == 1
+        assert sum(a.nbytes for a in h.buffers.values()) < 256 * 512 * 4  # only the packed copy holds the filter
+        (out,) = ex.execute(h, [args[0].numpy()])
+        assert rel_err(out, eager(model, args)) < RTOL
+    finally:
+        ex.destroy(h)

@@ -78,6 +78,7 @@ class HostOp:
     into: Callable[[Sequence[np.ndarray], np.ndarray], None]
     view: bool
     uses_blas: bool = False  # runs numpy's OpenBLAS (the segment then limits it to one thread, see _blas)
+    reads: int | None = None  # how many of the node's leading inputs it reads (None: all; the rest it holds)
 
 
 def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, view: bool = False,
@@ -241,7 +242,7 @@ class HostSegment:
         for j, (n, op) in enumerate(zip(nodes, ops, strict=True)):
             if j in skip:
                 continue
-            ins, o = list(n.inputs()), n.outputs()[0]
+            ins, o = list(n.inputs())[:op.reads], n.outputs()[0]
             if o in target:
                 self.program.append(_into_target(op, ins, o, *target[o]))
             elif o in materialize:

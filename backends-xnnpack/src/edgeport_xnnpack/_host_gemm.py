@@ -136,6 +136,12 @@ def _clamp(n: XNode) -> tuple[float, float]:
     return lo, hi
 
 
+def packs_filter(mkn: tuple[int, int, int]) -> bool:
+    """``gemm_op`` runs this product on the micro-kernel, with its own packed copy of the filter and bias (so the
+    executor need not keep the blob's for it)."""
+    return _gemm is not None and mkn[0] >= 6 and bool(_gemm.packed_available())
+
+
 def pack_filter(w: np.ndarray, bias: np.ndarray | None, k: int, n: int,
                 transpose_w: bool) -> tuple[np.ndarray, np.ndarray]:
     """The micro-kernel's operands: the filter as ``[ceil(n/16)][k][16]`` floats and the bias as ``ceil(n/16)*16``,
@@ -164,7 +170,7 @@ def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], poo
     parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if handle else 0
     into: Callable[[Sequence[np.ndarray], np.ndarray], None]
     packed = None
-    if _gemm is not None and m >= 6 and _gemm.packed_available():
+    if packs_filter(mkn):
         ins = n.inputs()
         w, b = pack_filter(const[ins[1]], const[ins[2]] if has_bias else None, k, cols, transpose_w)
         packed = _gemm.packed_gemm
@@ -196,4 +202,4 @@ def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], poo
         out = np.empty(out_shape, np.float32)
         into(xs, out)
         return out
-    return HostOp(compute, into, view=False, uses_blas=packed is None)
+    return HostOp(compute, into, view=False, uses_blas=packed is None, reads=1 if packed is not None else None)

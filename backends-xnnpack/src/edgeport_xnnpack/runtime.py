@@ -36,7 +36,7 @@ from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_
 from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
-from edgeport_xnnpack._host_gemm import gemm_dims, gemm_op, resolve, wants_host
+from edgeport_xnnpack._host_gemm import gemm_dims, gemm_op, packs_filter, resolve, wants_host
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
@@ -183,7 +183,8 @@ class _Planner:
         host_const: set[int] = set()
         for gi, (side, idx) in enumerate(groups):
             for j in idx:
-                for vid in nodes[j].inputs():
+                held = j in gemm and packs_filter(gemm_dims(nodes[j], self.values, self.dims, const) or (0, 0, 0))
+                for vid in nodes[j].inputs()[:1] if held else nodes[j].inputs():  # a packed filter is its own
                     if vid in producer and producer[vid] != gi:
                         crossing.add(vid)
                     if side != "N" and vid in self.const:
