@@ -17,6 +17,8 @@ setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_g
                              extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall",
                                                  "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"]),
-                   Extension("edgeport_xnnpack._gemm", ["src/edgeport_xnnpack/_gemm.c"], optional=True,
+                   Extension("edgeport_xnnpack._gemm", ["src/edgeport_xnnpack/_gemm.c",
+                                                          "src/edgeport_xnnpack/_gemm_qs8.c"],
+                             depends=["src/edgeport_xnnpack/_gemm_common.h"], optional=True,
                              extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"])])

@@ -135,14 +135,16 @@ def _lower(kind: str, model: Any, inputs: tuple[Any, ...], threads: int) -> tupl
 
 
 def fc_choice(option: str) -> str:
-    """What edgeport's executor runs fully-connected layers with: ``option``, with "auto" resolved for the CPU
-    being measured (in ``--emulate-avx2`` mode: this CPU without its AVX-512 flags)."""
-    from edgeport_xnnpack._host_gemm import cpu_flags, resolve
+    """What edgeport's executor runs fully-connected layers and 1x1 convolutions with: ``option``, with "auto"
+    resolved for the CPU being measured (in ``--emulate-avx2`` mode: this CPU without its AVX-512 flags)."""
+    from edgeport_xnnpack._host_gemm import choice_for, cpu_flags, resolve
 
+    if option != "auto":
+        return option
     flags = cpu_flags()
     if EMULATED:
         flags = {f for f in flags if not f.startswith("avx512")}
-    return resolve(option, flags)
+    return choice_for(resolve("auto", flags))
 
 
 def measure(kind: str, threads: int, reps: int, fully_connected: str = "xnnpack") -> dict[str, Any]:
@@ -196,8 +198,10 @@ def render(rows: list[dict[str, Any]], threads: list[int]) -> str:
             "no AVX-512 (each through the cpuinfo or the switches it reads; see the script's docstring). "
             if EMULATED else "Host ISA. ")
     fcs = sorted({r["fc"] for r in rows})
-    mode += (f"edgeport's executor ran float32 fully-connected layers and 1x1 convolutions on: {', '.join(fcs)} "
-             "(`XnnpackRuntimeOptions.fully_connected`, \"auto\" resolved for this CPU). ")
+    mode += (f"edgeport's executor ran fully-connected layers and 1x1 convolutions with `fully_connected=` "
+             f"{', '.join(repr(f) for f in fcs)} (`XnnpackRuntimeOptions`; \"auto\" resolved for this CPU: "
+             "\"host-float\" = float32 ones on edgeport's AVX2 kernel, \"host-int8\" = int8 ones on its VNNI kernel, "
+             "\"xnnpack\" = all in libXNNPACK). ")
     lines = [section_title(), "",
              f"Measured by `bench/xnnpack_nodes.py` on {now}: {nproc()} CPUs, {cpu_model()} (flags: {_flags()}); "
              f"load average at the end {loadavg()}. {mode}{BUSY_NOTE if BUSY else ''}Warm-call medians, the three contenders interleaved; "
@@ -318,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kinds", nargs="+", default=None, help="node kinds (default: all)")
     ap.add_argument("--emulate-avx2", action="store_true", help="mask AVX-512 from edgeport's XNNPACK and PyTorch")
-    ap.add_argument("--fully-connected", choices=["auto", "xnnpack", "host"], default="auto",
+    ap.add_argument("--fully-connected", choices=["auto", "xnnpack", "host", "host-float", "host-int8"],
+                    default="auto",
                     help="edgeport's XnnpackRuntimeOptions.fully_connected (auto: what this CPU gets)")
     ap.add_argument("--busy-core", action="store_true",
                     help="keep one core busy with another process (a spin loop) while timing")

@@ -25,19 +25,31 @@ from edgeport_xnnpack.options import XnnpackRuntimeOptions  # noqa: E402
 AVX2_ONLY = {"avx", "avx2", "fma", "f16c", "sse4_2"}
 
 
-def test_auto_picks_the_host_only_on_avx2_cpus_without_avx512(monkeypatch):
+def test_auto_picks_the_host_only_where_the_2022_kernels_are_slow(monkeypatch):
     monkeypatch.setattr(_host_gemm.platform, "machine", lambda: "x86_64")
-    want = "host" if _host_gemm.kernel_available() else "xnnpack"
-    assert _host_gemm.resolve("auto", AVX2_ONLY) == want
-    assert _host_gemm.resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw"}) == "xnnpack"
-    assert _host_gemm.resolve("auto", {"sse4_2"}) == "xnnpack"
-    assert _host_gemm.resolve("host", AVX2_ONLY | {"avx512f"}) == "host"
-    assert _host_gemm.resolve("xnnpack", AVX2_ONLY) == "xnnpack"
+    monkeypatch.setattr(_host_gemm, "kernel_available", lambda: True)
+    monkeypatch.setattr(_host_gemm._host_qs8, "kernel_available", lambda: True)
+    resolve = _host_gemm.resolve
+    assert resolve("auto", AVX2_ONLY) == {"float"}  # AVX2, no AVX-512: float32 products
+    assert resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw"}) == set()  # the 2022 AVX-512 kernels are fine
+    assert resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}) == {"int8"}  # no VNNI kernels there
+    assert resolve("auto", {"sse4_2"}) == set()
+    assert resolve("host", AVX2_ONLY | {"avx512f"}) == {"float", "int8"}
+    assert resolve("host-float") == {"float"} and resolve("host-int8") == {"int8"}
+    assert resolve("xnnpack", AVX2_ONLY) == set()
+    assert _host_gemm.describe(frozenset({"int8", "float"})) == "host (float32, int8)"
+    assert _host_gemm.describe(frozenset()) == "xnnpack"
+    for kinds in (set(), {"float"}, {"int8"}, {"float", "int8"}):
+        assert resolve(_host_gemm.choice_for(frozenset(kinds))) == kinds
+    monkeypatch.setattr(_host_gemm._host_qs8, "kernel_available", lambda: False)
+    assert resolve("host") == {"float"}
+    with pytest.raises(ValueError, match="'host-int8' needs a CPU with AVX512-VNNI"):
+        resolve("host-int8")
     monkeypatch.setattr(_host_gemm.platform, "machine", lambda: "aarch64")
-    assert _host_gemm.resolve("auto", AVX2_ONLY) == "xnnpack"
+    assert resolve("auto", AVX2_ONLY | {"avx512_vnni"}) == set()
     with pytest.raises(ValueError, match="fully_connected must be one of"):
-        _host_gemm.resolve("gpu")
-    with pytest.raises(ValueError, match="'auto', 'xnnpack' or 'host'"):
+        resolve("gpu")
+    with pytest.raises(ValueError, match="'auto', 'xnnpack', 'host', 'host-float' or 'host-int8'"):
         XnnpackRuntimeOptions(fully_connected="blas")
 
 
@@ -171,12 +183,13 @@ def test_packed_kernel_refuses_bad_arguments(change, message):
 class _Count:
     def __init__(self, monkeypatch) -> None:
         self.calls = 0
-        real = xnn_runtime.gemm_op
+        real = xnn_runtime.product_op
 
         def counting(*args, **kwargs):
-            self.calls += 1
-            return real(*args, **kwargs)
-        monkeypatch.setattr(xnn_runtime, "gemm_op", counting)
+            op = real(*args, **kwargs)
+            self.calls += op is not None
+            return op
+        monkeypatch.setattr(xnn_runtime, "product_op", counting)
         monkeypatch.setattr(_host_gemm, "MIN_MACS", 0)  # every eligible product, however small, on the host
 
 
@@ -226,7 +239,7 @@ def test_programs_with_products_on_the_host_match_eager(name, monkeypatch):
     count = _Count(monkeypatch)
     for threads in (1, 2):
         method = Runtime.get().load_program(pte).load_method(
-            "forward", backend_options={"XnnpackBackend": {"fully_connected": "host", "num_threads": threads}})
+            "forward", backend_options={"XnnpackBackend": {"fully_connected": "host-float", "num_threads": threads}})
         out = method.execute([a.numpy() for a in args])[0]
         assert rel_err(out, ref) < RTOL
     assert count.calls > 0, "no product ran on the host"
@@ -240,7 +253,7 @@ def test_numpy_form_without_the_extension_matches_eager(monkeypatch):
     count = _Count(monkeypatch)
     monkeypatch.setattr(_host_gemm, "_gemm", None)
     method = Runtime.get().load_program(pte).load_method(
-        "forward", backend_options={"XnnpackBackend": {"fully_connected": "host"}})
+        "forward", backend_options={"XnnpackBackend": {"fully_connected": "host-float"}})
     assert rel_err(method.execute([a.numpy() for a in args])[0], ref) < RTOL
     assert count.calls > 0
 
@@ -255,11 +268,66 @@ def test_packed_products_do_not_keep_a_second_copy_of_the_filter():
     lp = load_pte(lower_edgeport(model, args)[1])
     ex = XnnpackExecutor(num_threads=1)
     h = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data,
-                runtime_options=XnnpackRuntimeOptions(fully_connected="host"))
+                runtime_options=XnnpackRuntimeOptions(fully_connected="host-float"))
     try:
-        assert h.summary["fully_connected"] == "host" and h.summary["host_steps"] == 1
+        assert h.summary["fully_connected"] == "host (float32)" and h.summary["host_steps"] == 1
         assert sum(a.nbytes for a in h.buffers.values()) < 256 * 512 * 4  # only the packed copy holds the filter
         (out,) = ex.execute(h, [args[0].numpy()])
         assert rel_err(out, eager(model, args)) < RTOL
     finally:
         ex.destroy(h)
+
+
+def _int8_model():
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgeport_xnnpack.quantizer import XnnpackQuantizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 48, 1), torch.nn.ReLU6(), torch.nn.Conv2d(48, 48, 3, 1, 1, groups=48),
+                                torch.nn.Conv2d(48, 20, 1), torch.nn.Flatten(), torch.nn.Linear(20 * 12 * 12, 32)).eval()
+    args = (torch.randn(1, 8, 12, 12),)
+    prepared = prepare_pt2e(torch.export.export(model, args).module(), XnnpackQuantizer())
+    for _ in range(4):
+        prepared(torch.randn(1, 8, 12, 12))
+    return convert_pt2e(prepared), args
+
+
+@needs_xnnpack
+@pytest.mark.skipif(not _host_gemm._host_qs8.kernel_available(), reason="this CPU has no AVX512-VNNI")
+def test_int8_products_on_vnni_equal_libxnnpack_and_the_pt2e_model(monkeypatch):
+    quantized, args = _int8_model()
+    with torch.no_grad():
+        ref = quantized(*args).numpy()
+    _, pte, _ = lower_edgeport(quantized, args)
+    outs = {}
+    for choice in ("xnnpack", "host-int8"):
+        count = _Count(monkeypatch)
+        for threads in (1, 2):
+            method = Runtime.get().load_program(pte).load_method(
+                "forward", backend_options={"XnnpackBackend": {"fully_connected": choice, "num_threads": threads}})
+            outs[choice, threads] = method.execute([a.numpy() for a in args])[0]
+        assert (count.calls > 0) == (choice == "host-int8")
+    for threads in (1, 2):  # the same integers as libXNNPACK computes
+        np.testing.assert_array_equal(outs["host-int8", threads], outs["xnnpack", 1])
+    step = np.diff(np.unique(ref)).min()  # the output's quantization step (its values are multiples of it)
+    assert np.abs(outs["host-int8", 1] - ref).max() <= 1.01 * step  # within one output step of the pt2e model
+
+
+@pytest.mark.skipif(not _host_gemm._host_qs8.kernel_available(), reason="this CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("change, message", [
+    ({"k": 6}, "a multiple of 4"),
+    ({"w": np.zeros(63, np.int8)}, "packed filter holds 63 items, 64 needed"),
+    ({"bias": np.zeros(16, np.float32)}, "packed bias must be a C-contiguous buffer of format 'i'"),
+    ({"scale": np.zeros(15, np.float32)}, "packed scales holds 15 items, 16 needed"),
+    ({"out": np.zeros(4, np.uint8)}, "output must be a C-contiguous buffer of format 'b'"),
+    ({"zo": 200}, "bad output zero point"),
+    ({"pool": 7}, "pthreadpool_parallelize_1d"),
+])
+def test_int8_kernel_refuses_bad_arguments(change, message):
+    args = {"pool": 0, "a": np.zeros(8, np.int8), "w": np.zeros(64, np.int8), "bias": np.zeros(16, np.int32),
+            "scale": np.zeros(16, np.float32), "out": np.zeros(4, np.int8), "k": 4, "zo": 0}
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=message):
+        gemm.qs8_packed_gemm(0, args["pool"], args["a"], args["w"], args["bias"], args["scale"], args["out"], 2,
+                             args["k"], 2, args["zo"], -128, 127, 1)

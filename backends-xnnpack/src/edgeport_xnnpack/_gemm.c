@@ -15,11 +15,8 @@
  * no second set of worker threads competes with it (OpenBLAS must run single-threaded meanwhile: the caller sets
  * that). Every argument is checked before a pointer is touched; the product runs without the GIL.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_gemm_common.h"
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
@@ -31,8 +28,6 @@ typedef void (*sgemv32_fn)(int, int, int32_t, int32_t, float, const float *, int
                            float *, int32_t);
 typedef void (*sgemv64_fn)(int, int, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t, float,
                            float *, int64_t);
-typedef void (*task_fn)(void *, size_t);
-typedef void (*parallelize_fn)(void *, task_fn, void *, size_t, uint32_t);
 
 struct job {
     void *sgemm, *sgemv;
@@ -387,6 +382,10 @@ static PyMethodDef methods[] = {
      "fully_connected(parallelize, pool, sgemm, sgemv, ilp64, a, w, bias, out, m, k, n, transpose_w, lo, hi, "
      "threads)"},
     {"packed_available", packed_available, METH_NOARGS, "packed_available() -> the CPU runs packed_gemm"},
+    {"qs8_available", qs8_available, METH_NOARGS, "qs8_available() -> the CPU runs qs8_packed_gemm"},
+    {"qs8_packed_gemm", qs8_packed_gemm, METH_VARARGS,
+     "qs8_packed_gemm(parallelize, pool, a, packed_w, packed_bias, packed_scales, out, m, k, n, zero_point, qmin, "
+     "qmax, threads)"},
     {"packed_gemm", packed_gemm, METH_VARARGS,
      "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},
     {NULL, NULL, 0, NULL},

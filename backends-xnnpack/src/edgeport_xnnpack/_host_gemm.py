@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeport_xnnpack import _host_qs8
 from edgeport_xnnpack._blas import cblas_address
 from edgeport_xnnpack._host import HostOp
 from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
@@ -37,7 +38,7 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler
     _gemm = None
 
-CHOICES = ("auto", "xnnpack", "host")
+CHOICES = ("auto", "xnnpack", "host", "host-float", "host-int8")
 MIN_MACS = 1 << 20  # ~0.05 ms of one AVX2 core: below this a step boundary costs more than the faster kernel saves
 _TRANSPOSE_WEIGHTS = 1  # XNN_FLAG_TRANSPOSE_WEIGHTS: a fully-connected filter stored [in, out]
 _RESHAPE_2D = 4  # XNN_FLAG_TENSORFLOW_RESHAPE_2D
@@ -68,17 +69,43 @@ def _blas_pair() -> tuple[int, int, bool] | None:
     return gemm[0], gemv[0], gemm[1]
 
 
-def resolve(choice: str, flags: set[str] | None = None) -> str:
-    """``"host"`` or ``"xnnpack"`` for a ``fully_connected`` option value (see the module docstring)."""
+def resolve(choice: str, flags: set[str] | None = None) -> frozenset[str]:
+    """Which products run on the host for a ``fully_connected`` option value: a subset of ``{"float", "int8"}``
+    (see the module docstring; ``flags``: the CPU's, from ``/proc/cpuinfo`` unless given)."""
     if choice not in CHOICES:
         raise ValueError(f"fully_connected must be one of {list(CHOICES)}, got {choice!r}")
-    if choice != "auto":
-        return choice
+    int8_ok = _host_qs8.kernel_available()
+    if choice == "xnnpack":
+        return frozenset()
+    if choice == "host-float":
+        return frozenset({"float"})
+    if choice == "host-int8":
+        if not int8_ok:
+            raise ValueError("fully_connected='host-int8' needs a CPU with AVX512-VNNI and the C extension "
+                             "edgeport_xnnpack._gemm; use 'auto' or 'xnnpack'")
+        return frozenset({"int8"})
+    if choice == "host":
+        return frozenset({"float", "int8"} if int8_ok else {"float"})
     flags = cpu_flags() if flags is None else flags
     x86 = platform.machine().lower() in ("x86_64", "amd64")
+    kinds = set()
     if x86 and {"avx2", "fma"} <= flags and "avx512f" not in flags and kernel_available():
-        return "host"
-    return "xnnpack"
+        kinds.add("float")
+    if x86 and "avx512_vnni" in flags and int8_ok:
+        kinds.add("int8")
+    return frozenset(kinds)
+
+
+def describe(kinds: frozenset[str]) -> str:
+    """``"xnnpack"`` or ``"host (float32, int8)"``-style: where a delegate's products run."""
+    names = [name for kind, name in (("float", "float32"), ("int8", "int8")) if kind in kinds]
+    return f"host ({', '.join(names)})" if names else "xnnpack"
+
+
+def choice_for(kinds: frozenset[str]) -> str:
+    """The option value that selects exactly ``kinds``."""
+    return {frozenset(): "xnnpack", frozenset({"float"}): "host-float", frozenset({"int8"}): "host-int8"}.get(
+        kinds, "host")
 
 
 def _float(v: TensorValue) -> bool:
@@ -123,10 +150,44 @@ def gemm_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
     return rows, k, cols
 
 
-def wants_host(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]], const: set[int]) -> bool:
-    """``n`` is a product this module runs, big enough (``MIN_MACS``) to be worth a host step."""
-    mkn = gemm_dims(n, values, dims, const)
-    return mkn is not None and math.prod(mkn) >= MIN_MACS
+def product_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]], const: set[int],
+                 kinds: frozenset[str]) -> tuple[str, tuple[int, int, int]] | None:
+    """``(kind, (m, k, n))`` of a product of one of ``kinds`` that runs on the host, else ``None``."""
+    if "float" in kinds:
+        mkn = gemm_dims(n, values, dims, const)
+        if mkn is not None:
+            return "float", mkn
+    if "int8" in kinds:
+        mkn = _host_qs8.qs8_dims(n, values, dims, const)
+        if mkn is not None:
+            return "int8", mkn
+    return None
+
+
+def wants_host(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]], const: set[int],
+               kinds: frozenset[str]) -> bool:
+    """``n`` is a product of ``kinds`` this module runs, big enough (``MIN_MACS``) to be worth a host step."""
+    p = product_dims(n, values, dims, const, kinds)
+    return p is not None and math.prod(p[1]) >= MIN_MACS
+
+
+def holds_filter(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]], const: set[int],
+                 kinds: frozenset[str]) -> bool:
+    """The host op of ``n`` keeps its own packed filter and bias (the executor need not keep the blob's)."""
+    p = product_dims(n, values, dims, const, kinds)
+    return p is not None and (p[0] == "int8" or packs_filter(p[1]))
+
+
+def product_op(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
+               const: dict[int, np.ndarray], pool: Any, kinds: frozenset[str]) -> HostOp | None:
+    """The host op of ``n`` when it is a product of ``kinds``, else ``None``."""
+    p = product_dims(n, values, dims, set(const), kinds)
+    if p is None:
+        return None
+    out_shape = dims[n.outputs()[0]]
+    if p[0] == "int8":
+        return _host_qs8.qs8_op(n, p[1], out_shape, values, const, pool)
+    return gemm_op(n, p[1], out_shape, pool, const)
 
 
 def _clamp(n: XNode) -> tuple[float, float]:

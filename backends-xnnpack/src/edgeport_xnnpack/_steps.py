@@ -84,7 +84,7 @@ class XnnpackHandle:
     steps: list[NativeStep | HostStep | ShuffleStep]
     buffers: dict[int, np.ndarray]             # intermediates crossing steps, and host constants
     pool: native.ThreadPool | None
-    summary: dict[str, int] = field(default_factory=dict)
+    summary: dict[str, int | str] = field(default_factory=dict)
     alive: bool = True
     direct: DirectCall | None = None  # every step in XNNPACK through the C glue (see edgeport_xnnpack._direct)
     n_args: int = -1                  # delegate arguments before the outputs (-1: len(inputs))

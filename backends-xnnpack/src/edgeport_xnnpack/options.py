@@ -52,10 +52,12 @@ class XnnpackRuntimeOptions(RuntimeOptions):
     every core available to the process. Set here, it overrides the compile option: the thread count is a
     property of the machine a program runs on, not of the program.
 
-    ``fully_connected``: where float32 fully-connected layers and 1x1 convolutions run -- ``"xnnpack"`` (in the
-    delegate's XNNPACK runtimes), ``"host"`` (OpenBLAS's sgemm tiled on the delegate's thread pool) or ``"auto"``
-    (the default: ``"host"`` on x86-64 CPUs with AVX2 but no AVX-512, where the 2022 libXNNPACK's kernels are
-    2.3x slower than OpenBLAS's; see ``docs/backends/xnnpack.md``, "Speed by CPU kind").
+    ``fully_connected``: where fully-connected layers and 1x1 convolutions run -- ``"xnnpack"`` (in the delegate's
+    XNNPACK runtimes), ``"host"`` (edgeport's own kernels, tiled on the delegate's thread pool: float32 ones, and
+    int8 ones where the CPU has AVX512-VNNI), ``"host-float"`` / ``"host-int8"`` (only those), or ``"auto"`` (the
+    default: float32 on the host on x86-64 CPUs with AVX2 but no AVX-512, int8 on the host on CPUs with
+    AVX512-VNNI -- where the 2022 libXNNPACK's kernels are slow; see ``docs/backends/xnnpack.md``, "Speed by CPU
+    kind").
     """
 
     num_threads: int = 0
@@ -65,6 +67,6 @@ class XnnpackRuntimeOptions(RuntimeOptions):
         n = self.num_threads
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
             raise ValueError(f"XnnpackRuntimeOptions.num_threads must be an int in 0..1024, got {n!r}")
-        if self.fully_connected not in ("auto", "xnnpack", "host"):
-            raise ValueError("XnnpackRuntimeOptions.fully_connected must be 'auto', 'xnnpack' or 'host', got "
-                             f"{self.fully_connected!r}")
+        if self.fully_connected not in ("auto", "xnnpack", "host", "host-float", "host-int8"):
+            raise ValueError("XnnpackRuntimeOptions.fully_connected must be 'auto', 'xnnpack', 'host', 'host-float' "
+                             f"or 'host-int8', got {self.fully_connected!r}")

@@ -36,7 +36,7 @@ from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_
 from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
-from edgeport_xnnpack._host_gemm import gemm_dims, gemm_op, packs_filter, resolve, wants_host
+from edgeport_xnnpack._host_gemm import describe, holds_filter, product_op, resolve, wants_host
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
@@ -79,7 +79,7 @@ class _Planner:
         self.values: dict[int, TensorValue] = {}
         self.dims: dict[int, tuple[int, ...]] = {}
         self.const: dict[int, np.ndarray] = {}
-        self.host_gemm = False  # float32 fully-connected / 1x1 conv products on the host BLAS (_host_gemm)
+        self.products: frozenset[str] = frozenset()  # kinds of matrix products run on the host (_host_gemm)
         self.pool: native.ThreadPool | None = None
 
     # -- checks ----------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ class _Planner:
         self.pool = pool
         const = set(self.const)
         gemm = frozenset(i for i, n in enumerate(nodes)
-                         if self.host_gemm and wants_host(n, self.values, self.dims, const))
+                         if wants_host(n, self.values, self.dims, const, self.products))
         nat = [self.native_ok(n) and i not in gemm for i, n in enumerate(nodes)]
         placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm)
         groups = schedule(nodes, placed.sides)
@@ -183,7 +183,7 @@ class _Planner:
         host_const: set[int] = set()
         for gi, (side, idx) in enumerate(groups):
             for j in idx:
-                held = j in gemm and packs_filter(gemm_dims(nodes[j], self.values, self.dims, const) or (0, 0, 0))
+                held = j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products)
                 for vid in nodes[j].inputs()[:1] if held else nodes[j].inputs():  # a packed filter is its own
                     if vid in producer and producer[vid] != gi:
                         crossing.add(vid)
@@ -223,10 +223,9 @@ class _Planner:
     def _host(self, group: list[XNode], materialize: set[int]) -> HostStep:
         ops = []
         for n in group:
-            mkn = gemm_dims(n, self.values, self.dims, set(self.const)) if self.host_gemm else None
             try:
-                ops.append(gemm_op(n, mkn, self.dims[n.outputs()[0]], self.pool, self.const) if mkn is not None else
-                           make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
+                op = product_op(n, self.values, self.dims, self.const, self.pool, self.products)
+                ops.append(op or make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
             except ValueError as exc:
                 raise _fail(f"{n.kind}: {exc}") from exc
         kinds = sorted({n.kind.removeprefix("XNN") for n in group})
@@ -352,7 +351,10 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     planner.check_nodes(inputs)
-    planner.host_gemm = resolve(fully_connected) == "host"
+    try:
+        planner.products = resolve(fully_connected)
+    except ValueError as exc:
+        raise RuntimeExecutionError(f"{BACKEND_ID}: {exc}") from exc
     if dynamic:
         try:
             dequantize_dynamic_filters(graph, dynamic, planner.values, planner.const)
@@ -374,7 +376,7 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     summary = {"native_steps": sum(isinstance(s, NativeStep) for s in steps),
                "host_steps": sum(isinstance(s, HostStep) for s in steps),
                "operator_steps": sum(isinstance(s, ShuffleStep) for s in steps), "nodes": len(graph.nodes),
-               "fully_connected": "host" if planner.host_gemm else "xnnpack"}
+               "fully_connected": describe(planner.products)}
     base = dict(planner.dims)
 
     def build(dims: dict[int, tuple[int, ...]]) -> tuple[list, dict]:
