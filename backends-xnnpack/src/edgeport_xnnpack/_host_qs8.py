@@ -17,8 +17,16 @@ from typing import Any
 import numpy as np
 
 from edgeport_xnnpack._host import HostOp
-from edgeport_xnnpack.schema.graph import QCINT8, QCINT32, QINT8, QINT32, PerChannelQuant, PerTensorQuant, TensorValue
-from edgeport_xnnpack.schema.graph import XNode
+from edgeport_xnnpack.schema.graph import (
+    QCINT8,
+    QCINT32,
+    QINT8,
+    QINT32,
+    PerChannelQuant,
+    PerTensorQuant,
+    TensorValue,
+    XNode,
+)
 
 try:
     from edgeport_xnnpack import _gemm
