@@ -352,3 +352,45 @@ def test_destroy_waits_for_a_running_call_and_later_calls_fail_cleanly():
     assert results and all(r < 1e-5 if isinstance(r, float) else "live handle" in r for r in results)
     with pytest.raises(RuntimeExecutionError, match="live handle"):
         ex.execute(handle, [x.numpy()])
+
+
+class GeluMlp(torch.nn.Module):
+    """GELU first (the host segment reads the delegate's input) and between two linear layers (host step inside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(torch.nn.functional.gelu(x))))
+
+
+@needs_glue
+def test_delegate_with_host_segments_runs_on_the_direct_path():
+    torch.manual_seed(0)
+    model = GeluMlp().eval()
+    x = torch.randn(4, 16)
+    _, pte, _ = lower_edgeport(model, (x,))
+    from edgeport.runtime import Runtime
+
+    method = Runtime.get().load_program(pte).load_method("forward")
+    (delegate,) = [d for d in method._plan._delegates.items if d.kind == "backend"]
+    ex, handle = delegate.executor, delegate.handle
+    assert handle.summary["host_steps"] >= 2 and handle.direct is not None
+    calls = []
+    direct = handle.direct
+    handle.direct = lambda ins, out: (calls.append(1), direct(ins, out))[1]
+    try:
+        for seed in range(3):
+            xs = torch.randn(4, 16, generator=torch.Generator().manual_seed(seed))
+            assert rel_err(method.execute([xs.numpy()])[0], eager(model, (xs,))) < 1e-5
+        # what the host segment would read wrongly goes to the general path: converted, or refused
+        strided = np.zeros((4, 32), np.float32)
+        strided[:, ::2] = x.numpy()
+        res = ex.execute(handle, [strided[:, ::2]], out=[np.empty((4, 8), np.float32)])
+        assert rel_err(res[0], eager(model, (x,))) < 1e-5
+        with pytest.raises(RuntimeExecutionError, match="float32 of shape"):
+            ex.execute(handle, [x.numpy().astype(np.float64)], out=[np.empty((4, 8), np.float32)])
+    finally:
+        handle.direct = direct
+    assert len(calls) == 5

@@ -90,3 +90,14 @@ def test_the_stock_runtime_runs_the_gelu_delegate():
     result = run_program(program.buffer, [x.numpy()], name="linear-gelu-linear")
     assert result.ok, result.error
     np.testing.assert_allclose(result.outputs[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 15, 16, 17, 1031])
+def test_gelu_kernel_lengths_around_the_vector_width(n):
+    """The AVX2 loop takes 8 floats per step and leaves the tail to the portable loop: both agree with the oracle,
+    and nothing past the end is written."""
+    x = np.random.default_rng(n).standard_normal(n + 8).astype(np.float32) * 5
+    out = np.full(n + 8, 123.0, np.float32)
+    kernels.gelu(x[:n], out[:n])
+    np.testing.assert_allclose(out[:n], _reference(x[:n]), rtol=0, atol=5e-7 * max(1.0, float(np.abs(x).max())))
+    assert np.all(out[n:] == 123.0)

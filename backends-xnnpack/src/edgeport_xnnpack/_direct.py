@@ -1,8 +1,9 @@
-"""The direct call of a delegate whose every step runs inside XNNPACK through the C glue.
+"""The direct call of a delegate whose every step has a binding: the C glue's (inside XNNPACK) or a host
+segment's (:class:`edgeport_xnnpack._host.SegmentBinding`).
 
-Such a handle (a fully delegated CNN: the NCHW -> NHWC channel shuffle, then one runtime) needs no Python per
-step: ``call(inputs, out)`` lays the caller's arrays and the executor's own buffers out in one list and hands
-each step's C binding (:class:`edgeport_xnnpack._glue.Binding`) its arrays. The bindings check what the
+Such a handle (a fully delegated CNN: the NCHW -> NHWC channel shuffle, then one runtime, or runtimes and host
+products in turn) needs no per-step work beyond the binding's own: ``call(inputs, out)`` lays the caller's arrays
+and the executor's own buffers out in one list and hands each step's binding its arrays. The bindings check what the
 executor's general path checks -- every delegate input and output is bound by some step and expected as a
 C-contiguous float32 array of its exact dims (outputs writable) -- and raise ``ValueError`` otherwise; the
 executor then runs its general path, which converts what it can (lists, strided arrays) or raises the precise
@@ -30,8 +31,8 @@ class _Step(Protocol):
 
 def direct_call(inputs: Sequence[tuple[int, tuple[int, ...]]], outputs: Sequence[tuple[int, tuple[int, ...]]],
                 steps: Sequence[_Step], buffers: dict[int, np.ndarray]) -> DirectCall | None:
-    """``call(inputs, out)`` for these planned steps, or ``None`` when some step is not a C-glue binding (a host
-    segment, or the glue is not built) or a delegate input / output is not bound by any step."""
+    """``call(inputs, out)`` for these planned steps, or ``None`` when some step has no binding (the glue is not
+    built, or a host segment reads what it writes) or a delegate input / output is not bound by any step."""
     io = [vid for vid, _ in (*inputs, *outputs)]
     if len(set(io)) != len(io) or any(v in buffers for v in io):
         return None

@@ -239,17 +239,23 @@ class HostSegment:
             target[u] = (root, dims(u))
             skip.add(j)
         self.program: list[Callable[[dict[int, np.ndarray]], None]] = []
+        outside: set[int] = set()  # values the program reads that come from outside the segment
+        written: set[int] = set()  # the executor's buffers it writes
         for j, (n, op) in enumerate(zip(nodes, ops, strict=True)):
             if j in skip:
                 continue
             ins, o = list(n.inputs())[:op.reads], n.outputs()[0]
+            outside.update(v for v in ins if v not in produced)
             if o in target:
                 self.program.append(_into_target(op, ins, o, *target[o]))
+                written.add(target[o][0])
             elif o in materialize:
                 self.program.append(_into(op, ins, o))
+                written.add(o)
             else:
                 self.program.append(_compute(op, ins, o))
         self.size = len(nodes)
+        self.io = (sorted(outside), sorted(written))
         # matrix multiplies run on one OpenBLAS thread (see _blas); None: nothing to limit
         self.blas = blas_threads() if any(op.uses_blas for op in ops) else None
 
@@ -293,3 +299,27 @@ def _into_target(op: HostOp, ins: list[int], o: int, root: int,
         fn([env[i] for i in ins], dst)
         env[o] = dst
     return step
+
+
+class SegmentBinding:
+    """A host segment as a step of the direct call (:mod:`edgeport_xnnpack._direct`): ``run(arrays)`` takes the
+    values of ``HostSegment.io`` in order (read, then written). Like the C glue's bindings it checks the arrays the
+    direct call says are the delegate's own inputs and outputs (``expect``) and raises ``ValueError`` for anything
+    but a C-contiguous float32 array of the exact dims, so the executor's general path handles those calls."""
+
+    def __init__(self, segment: HostSegment, vids: Sequence[int]) -> None:
+        self.segment, self.vids = segment, tuple(vids)
+        self.expected: list[tuple[int, tuple[int, ...], bool]] = []
+
+    def expect(self, k: int, fmt: str, dims: Sequence[int]) -> None:
+        if fmt != "f":
+            raise ValueError(f"unsupported format {fmt!r}")
+        self.expected.append((k, tuple(dims), k >= len(self.segment.io[0])))
+
+    def run(self, arrays: Sequence[np.ndarray]) -> None:
+        for k, dims, output in self.expected:
+            a = arrays[k]
+            if type(a) is not np.ndarray or a.dtype != np.float32 or a.shape != dims or not a.flags.c_contiguous \
+                    or (output and not a.flags.writeable):
+                raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
+        self.segment.run(dict(zip(self.vids, arrays, strict=True)))

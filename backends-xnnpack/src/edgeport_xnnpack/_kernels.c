@@ -3,8 +3,9 @@
  * gelu(x, out): the exact (erf) GELU of a C-contiguous float32 buffer into another of the same length,
  *   gelu(x) = 0.5 * (x + |x| * erf(|x| / sqrt(2)))   (equal to 0.5 * x * (1 + erf(x / sqrt(2))))
  * with erf from Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) and exp(-u^2) from a range reduction to
- * [-ln2/2, ln2/2] and its Taylor series to degree 7 (truncation error < 1e-8 relative), written so that the
- * compiler vectorizes the loop. Arguments are checked before any pointer is touched; the loop runs without the GIL.
+ * [-ln2/2, ln2/2] and its Taylor series to degree 7 (truncation error < 1e-8 relative), an AVX2/FMA loop of
+ * intrinsics where the CPU has both (8 floats per step), else a loop the compiler vectorizes for the baseline ISA.
+ * Arguments are checked before any pointer is touched; the loop runs without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,9 +30,8 @@ static inline __attribute__((always_inline)) float exp_nonpositive(float v) {
     return p * scale * small;
 }
 
-/* Built for the baseline ISA (SSE2: 4 floats per step). An AVX2 or AVX-512 clone of this loop measured 2.2x slower
-   with gcc 12 here (AMD EPYC, 131k floats: 0.59 vs 0.27 ms), so there is none. */
-static void gelu_f32(const float *x, float *y, Py_ssize_t n) {
+/* The portable loop (the baseline ISA, SSE2: gcc vectorizes it 4 floats per step). */
+static void gelu_f32_portable(const float *x, float *y, Py_ssize_t n) {
     const float a1 = 0.254829592f, a2 = -0.284496736f, a3 = 1.421413741f, a4 = -1.453152027f,
                 a5 = 1.061405429f, p = 0.3275911f, inv_sqrt2 = 0.70710678f;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -44,6 +44,68 @@ static void gelu_f32(const float *x, float *y, Py_ssize_t n) {
         float term = e > 0.0f ? ax * poly * e : 0.0f;  /* beyond |x| ~ 13 erf is 1: also keeps gelu(+inf) = inf */
         y[i] = 0.5f * (xv + ax - term);
     }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_AVX2_GELU 1
+
+/* The same formula, 8 floats per step with AVX2 + FMA intrinsics (gcc does not vectorize the portable loop for
+   AVX2 well: its automatic AVX2 clone measured slower than SSE2). The tail runs the portable loop. */
+__attribute__((target("avx2,fma"))) static void gelu_f32_avx2(const float *x, float *y, Py_ssize_t n) {
+    const __m256 a1 = _mm256_set1_ps(0.254829592f), a2 = _mm256_set1_ps(-0.284496736f),
+                 a3 = _mm256_set1_ps(1.421413741f), a4 = _mm256_set1_ps(-1.453152027f),
+                 a5 = _mm256_set1_ps(1.061405429f), p = _mm256_set1_ps(0.3275911f),
+                 inv_sqrt2 = _mm256_set1_ps(0.70710678f), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f),
+                 zero = _mm256_setzero_ps(), lowest = _mm256_set1_ps(-87.0f), log2e = _mm256_set1_ps(1.44269504f),
+                 ln2_hi = _mm256_set1_ps(0.693145752f), ln2_lo = _mm256_set1_ps(1.42860677e-6f),
+                 c2 = _mm256_set1_ps(0.5f), c3 = _mm256_set1_ps(1.0f / 6), c4 = _mm256_set1_ps(1.0f / 24),
+                 c5 = _mm256_set1_ps(1.0f / 120), c6 = _mm256_set1_ps(1.0f / 720), c7 = _mm256_set1_ps(1.0f / 5040);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i bias = _mm256_set1_epi32(127);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        __m256 ax = _mm256_andnot_ps(sign, xv);
+        __m256 u = _mm256_mul_ps(ax, inv_sqrt2);
+        __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(p, u, one));
+        __m256 poly = _mm256_fmadd_ps(a5, t, a4);
+        poly = _mm256_fmadd_ps(poly, t, a3);
+        poly = _mm256_fmadd_ps(poly, t, a2);
+        poly = _mm256_fmadd_ps(poly, t, a1);
+        poly = _mm256_mul_ps(poly, t);
+        /* e = exp(v), v = -u^2 <= 0, flushed to 0 below -87 */
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(u, u), _mm256_set1_ps(-1.0f));
+        __m256 keep = _mm256_cmp_ps(v, lowest, _CMP_GE_OQ);
+        v = _mm256_max_ps(v, lowest);
+        __m256 kf = _mm256_round_ps(_mm256_mul_ps(v, _mm256_xor_ps(log2e, sign)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  /* k = round(-v log2e) */
+        __m256 r = _mm256_fmadd_ps(kf, ln2_lo, _mm256_fmadd_ps(kf, ln2_hi, v));
+        __m256 e = _mm256_fmadd_ps(c7, r, c6);
+        e = _mm256_fmadd_ps(e, r, c5);
+        e = _mm256_fmadd_ps(e, r, c4);
+        e = _mm256_fmadd_ps(e, r, c3);
+        e = _mm256_fmadd_ps(e, r, c2);
+        e = _mm256_fmadd_ps(e, r, one);
+        e = _mm256_fmadd_ps(e, r, one);
+        __m256i bits = _mm256_slli_epi32(_mm256_sub_epi32(bias, _mm256_cvtps_epi32(kf)), 23);  /* 2^-k */
+        e = _mm256_and_ps(_mm256_mul_ps(e, _mm256_castsi256_ps(bits)), keep);
+        __m256 term = _mm256_mul_ps(_mm256_mul_ps(ax, poly), e);
+        term = _mm256_and_ps(term, _mm256_cmp_ps(e, zero, _CMP_GT_OQ));  /* keeps gelu(+inf) = inf */
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(half, _mm256_sub_ps(_mm256_add_ps(xv, ax), term)));
+    }
+    gelu_f32_portable(x + i, y + i, n - i);
+}
+#endif
+
+static void gelu_f32(const float *x, float *y, Py_ssize_t n) {
+#ifdef HAVE_AVX2_GELU
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        gelu_f32_avx2(x, y, n);
+        return;
+    }
+#endif
+    gelu_f32_portable(x, y, n);
 }
 
 static int float_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {

@@ -12,7 +12,7 @@ import numpy as np
 
 from edgeport_xnnpack import native
 from edgeport_xnnpack._direct import DirectCall
-from edgeport_xnnpack._host import HostSegment
+from edgeport_xnnpack._host import HostSegment, SegmentBinding
 from edgeport_xnnpack._specialize import Specializer
 
 __all__ = ["XnnpackHandle", "HostStep", "NativeStep", "ShuffleStep"]
@@ -48,8 +48,13 @@ class HostStep:
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.segment.run(env)
 
-    def glue(self) -> None:
-        return None
+    def glue(self) -> tuple[Any, list[int]] | None:
+        """The segment as a direct-call step (see ``SegmentBinding``), when it reads and writes distinct values."""
+        reads, writes = self.segment.io
+        vids = [*reads, *writes]
+        if len(vids) < 2 or not writes or set(reads) & set(writes):
+            return None
+        return SegmentBinding(self.segment, vids), vids
 
     def close(self) -> None:
         pass
