@@ -284,12 +284,16 @@ def _int8_model():
     from edgeport_xnnpack.quantizer import XnnpackQuantizer
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(8, 48, 1), torch.nn.ReLU6(), torch.nn.Conv2d(48, 48, 3, 1, 1, groups=48),
-                                torch.nn.Conv2d(48, 20, 1), torch.nn.Flatten(), torch.nn.Linear(20 * 12 * 12, 32)).eval()
-    args = (torch.randn(1, 8, 12, 12),)
+    # a MobileNet stem (3x3 stride 2, padded, 3 input channels: rows gathered by qs8_im2col, k 27 -> 28), a 5x5 conv
+    # with uneven pads, 1x1 convs, a depthwise conv (stays in XNNPACK) and a linear layer
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.ReLU6(), torch.nn.Conv2d(8, 48, 1),
+                                torch.nn.ReLU6(), torch.nn.Conv2d(48, 48, 3, 1, 1, groups=48), torch.nn.Conv2d(48, 12, 1),
+                                torch.nn.ZeroPad2d((2, 1, 0, 2)), torch.nn.Conv2d(12, 20, 5, 1, (2, 1)),
+                                torch.nn.Flatten(), torch.nn.Linear(20 * 14 * 13, 32)).eval()
+    args = (torch.randn(1, 3, 23, 24),)
     prepared = prepare_pt2e(torch.export.export(model, args).module(), XnnpackQuantizer())
     for _ in range(4):
-        prepared(torch.randn(1, 8, 12, 12))
+        prepared(torch.randn(*args[0].shape))
     return convert_pt2e(prepared), args
 
 
@@ -307,7 +311,8 @@ def test_int8_products_on_vnni_equal_libxnnpack_and_the_pt2e_model(monkeypatch):
             method = Runtime.get().load_program(pte).load_method(
                 "forward", backend_options={"XnnpackBackend": {"fully_connected": choice, "num_threads": threads}})
             outs[choice, threads] = method.execute([a.numpy() for a in args])[0]
-        assert (count.calls > 0) == (choice == "host-int8")
+        # per load: three 1x1 products (one a rewritten linear) and two gathered convolutions
+        assert count.calls == (2 * 5 if choice == "host-int8" else 0)
     for threads in (1, 2):  # the same integers as libXNNPACK computes
         np.testing.assert_array_equal(outs["host-int8", threads], outs["xnnpack", 1])
     step = np.diff(np.unique(ref)).min()  # the output's quantization step (its values are multiples of it)
@@ -331,3 +336,55 @@ def test_int8_kernel_refuses_bad_arguments(change, message):
     with pytest.raises((ValueError, TypeError), match=message):
         gemm.qs8_packed_gemm(0, args["pool"], args["a"], args["w"], args["bias"], args["scale"], args["out"], 2,
                              args["k"], 2, args["zo"], -128, 127, 1)
+
+
+def _im2col_reference(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pads: tuple[int, int, int, int],
+                      zero: int, kp: int) -> np.ndarray:
+    pt, pr, pb, pl = pads
+    b, h, w, c = x.shape
+    xp = np.full((b, h + pt + pb, w + pl + pr, c), zero, np.int8)
+    xp[:, pt:pt + h, pl:pl + w] = x
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    rows = np.zeros((b, oh, ow, kp), np.int8)
+    for ky in range(kh):
+        for kx in range(kw):
+            tap = (ky * kw + kx) * c
+            rows[..., tap:tap + c] = xp[:, ky:ky + sh * (oh - 1) + 1:sh, kx:kx + sw * (ow - 1) + 1:sw]
+    return rows.reshape(b * oh * ow, kp)
+
+
+@pytest.mark.skipif(gemm is None or not hasattr(gemm, "qs8_im2col"), reason="the C extension was not built")
+@pytest.mark.parametrize("shape, kernel, stride, pads", [
+    ((1, 23, 24, 3), (3, 3), (2, 2), (1, 1, 1, 1)),    # a stem: patch rows of 27 bytes (+1 padding byte)
+    ((2, 9, 7, 16), (3, 3), (1, 1), (1, 1, 1, 1)),     # batch 2, 16-byte taps
+    ((1, 8, 8, 5), (5, 3), (1, 2), (2, 0, 1, 2)),      # uneven pads, rectangular kernel
+    ((1, 4, 4, 40), (2, 2), (2, 2), (0, 0, 0, 0)),     # taps wider than 32 bytes
+])
+def test_im2col_gathers_the_patches_numpy_gathers(shape, kernel, stride, pads):
+    x = np.random.default_rng(0).integers(-128, 128, shape, dtype=np.int8)
+    (kh, kw), (sh, sw), (pt, pr, pb, pl) = kernel, stride, pads
+    b, h, w, c = shape
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    kp = -(-kh * kw * c // 4) * 4
+    rows = np.full((b * oh * ow, kp), 99, np.int8)
+    gemm.qs8_im2col(x, rows, b, h, w, c, kh, kw, sh, sw, pt, pl, oh, ow, kp, -7)
+    np.testing.assert_array_equal(rows, _im2col_reference(x, kh, kw, sh, sw, pads, -7, kp))
+
+
+@pytest.mark.skipif(gemm is None or not hasattr(gemm, "qs8_im2col"), reason="the C extension was not built")
+@pytest.mark.parametrize("change, message", [
+    ({"dst": np.zeros(4 * 4 * 28 - 1, np.int8)}, "output holds 447 items, 448 needed"),
+    ({"src": np.zeros(8 * 8 * 3 - 1, np.int8)}, "input holds 191 items, 192 needed"),
+    ({"src": np.zeros(8 * 8 * 3, np.uint8)}, "input must be a C-contiguous buffer of format 'b'"),
+    ({"kp": 26}, "bad geometry"),
+    ({"zero": 300}, "bad geometry"),
+    ({"oh": -1}, "bad geometry"),
+    ({"pt": -1}, "bad geometry"),
+])
+def test_im2col_refuses_bad_arguments(change, message):
+    args = {"src": np.zeros(8 * 8 * 3, np.int8), "dst": np.zeros(4 * 4 * 28, np.int8), "kp": 28, "zero": 0, "oh": 4,
+            "pt": 1}
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=message):
+        gemm.qs8_im2col(args["src"], args["dst"], 1, 8, 8, 3, 3, 3, 2, 2, args["pt"], 1, args["oh"], 4, args["kp"],
+                        args["zero"])

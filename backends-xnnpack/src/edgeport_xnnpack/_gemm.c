@@ -386,6 +386,8 @@ static PyMethodDef methods[] = {
     {"qs8_packed_gemm", qs8_packed_gemm, METH_VARARGS,
      "qs8_packed_gemm(parallelize, pool, a, packed_w, packed_bias, packed_scales, out, m, k, n, zero_point, qmin, "
      "qmax, threads)"},
+    {"qs8_im2col", qs8_im2col, METH_VARARGS,
+     "qs8_im2col(src, dst, batch, h, w, c, kh, kw, sh, sw, pad_top, pad_left, oh, ow, k_padded, zero_point)"},
     {"packed_gemm", packed_gemm, METH_VARARGS,
      "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},
     {NULL, NULL, 0, NULL},

@@ -164,3 +164,83 @@ release_a:
 #endif
 }
 
+
+/* ---- qs8_im2col: the rows of a KxK int8 convolution as the input of qs8_packed_gemm -------------------------------
+ * src: [batch][h][w][c] int8 (NHWC); dst: [batch * oh * ow][k_padded] int8, row (b, oy, ox) holding the patch
+ * (ky, kx, c) -- the order of XNNPACK's [oc][kh][kw][ic] filter -- with taps outside the input set to the input zero
+ * point (they then add nothing after qs8_packed_gemm's offset folding) and the last k_padded - kh * kw * c bytes 0 (the
+ * packed filter's padding columns are 0). Sizes are checked against the buffers before a byte is touched, and every
+ * tap against the input's bounds. */
+/* n bytes, exactly: a first layer's patch row is a few bytes, copied with two overlapping fixed-size moves */
+static inline void copy_bytes(int8_t *restrict to, const int8_t *restrict from, Py_ssize_t n) {
+    if (n >= 16) {
+        memcpy(to, from, (size_t)n);
+    } else if (n >= 8) {
+        memcpy(to, from, 8);
+        memcpy(to + n - 8, from + n - 8, 8);
+    } else if (n >= 4) {
+        memcpy(to, from, 4);
+        memcpy(to + n - 4, from + n - 4, 4);
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            to[i] = from[i];
+    }
+}
+
+PyObject *qs8_im2col(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    Py_ssize_t batch, h, w, c, kh, kw, sh, sw, pt, pl, oh, ow, kp;
+    int zero;
+    if (!PyArg_ParseTuple(args, "OOnnnnnnnnnnnnni:qs8_im2col", &src_obj, &dst_obj, &batch, &h, &w, &c, &kh, &kw,
+                          &sh, &sw, &pt, &pl, &oh, &ow, &kp, &zero))
+        return NULL;
+    const Py_ssize_t big = (Py_ssize_t)1 << 40;
+    if (batch < 1 || h < 1 || w < 1 || c < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || pt < 0 || pl < 0 || oh < 1
+            || ow < 1 || batch > big || h > big || w > big || c > big || kh > 64 || kw > 64 || sh > 64 || sw > 64
+            || pt > 64 || pl > 64 || oh > big || ow > big || kp < kh * kw * c || kp > kh * kw * c + 64
+            || batch * h > big / w || batch * h * w > big / c || batch * oh > big / ow || batch * oh * ow > big / kp
+            || zero < -128 || zero > 127) {
+        PyErr_Format(PyExc_ValueError, "qs8_im2col: bad geometry batch=%zd h=%zd w=%zd c=%zd kernel %zdx%zd stride "
+                     "%zdx%zd pads %zd,%zd out %zdx%zd k_padded=%zd zero=%d", batch, h, w, c, kh, kw, sh, sw, pt, pl,
+                     oh, ow, kp, zero);
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (typed_buffer(src_obj, &src, 0, batch * h * w * c, "b", 1, "qs8_im2col: input") < 0)
+        return NULL;
+    if (typed_buffer(dst_obj, &dst, 1, batch * oh * ow * kp, "b", 1, "qs8_im2col: output") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    const int8_t *s = src.buf;
+    int8_t *d = dst.buf;
+    const Py_ssize_t patch = kh * kw * c;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < batch; b++)
+        for (Py_ssize_t oy = 0; oy < oh; oy++)
+            for (Py_ssize_t ox = 0; ox < ow; ox++) {
+                int8_t *row = d + ((b * oh + oy) * ow + ox) * kp;
+                Py_ssize_t x0 = ox * sw - pl;  /* the taps kx0 <= kx < kx1 lie inside the row: one run of bytes */
+                Py_ssize_t kx0 = x0 < 0 ? -x0 : 0, kx1 = x0 + kw > w ? w - x0 : kw;
+                if (kx1 < kx0)
+                    kx1 = kx0;
+                for (Py_ssize_t ky = 0; ky < kh; ky++) {
+                    Py_ssize_t iy = oy * sh - pt + ky;
+                    int8_t *to = row + ky * kw * c;
+                    if (iy < 0 || iy >= h || kx1 == kx0) {
+                        memset(to, zero, (size_t)(kw * c));
+                        continue;
+                    }
+                    if (kx0 > 0)
+                        memset(to, zero, (size_t)(kx0 * c));
+                    copy_bytes(to + kx0 * c, s + ((b * h + iy) * w + x0 + kx0) * c, (kx1 - kx0) * c);
+                    if (kx1 < kw)
+                        memset(to + kx1 * c, zero, (size_t)((kw - kx1) * c));
+                }
+                memset(row + patch, 0, (size_t)(kp - patch));
+            }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+}

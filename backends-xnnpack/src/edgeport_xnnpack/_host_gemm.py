@@ -186,7 +186,7 @@ def product_op(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[i
         return None
     out_shape = dims[n.outputs()[0]]
     if p[0] == "int8":
-        return _host_qs8.qs8_op(n, p[1], out_shape, values, const, pool)
+        return _host_qs8.qs8_op(n, p[1], dims, values, const, pool)
     return gemm_op(n, p[1], out_shape, pool, const)
 
 
