@@ -388,3 +388,22 @@ def test_im2col_refuses_bad_arguments(change, message):
     with pytest.raises((ValueError, TypeError), match=message):
         gemm.qs8_im2col(args["src"], args["dst"], 1, 8, 8, 3, 3, 3, 2, 2, args["pt"], 1, args["oh"], 4, args["kp"],
                         args["zero"])
+
+
+@needs_xnnpack
+@pytest.mark.parametrize("batch, host_steps", [(1, 0), (5, 0), (6, 1)])
+def test_float_products_below_six_rows_stay_in_xnnpack(batch, host_steps):
+    """A matrix-vector product (a classifier head at batch 1) stays in libXNNPACK even with "host-float"."""
+    from edgeport.program import load_pte
+    from edgeport_xnnpack.runtime import XnnpackExecutor
+
+    model, args = torch.nn.Linear(1280, 1000).eval(), (torch.randn(batch, 1280),)
+    lp = load_pte(lower_edgeport(model, args)[1])
+    ex = XnnpackExecutor(num_threads=1)
+    h = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data,
+                runtime_options=XnnpackRuntimeOptions(fully_connected="host-float"))
+    try:
+        assert h.summary["host_steps"] == host_steps
+        assert rel_err(ex.execute(h, [args[0].numpy()])[0], eager(model, args)) < RTOL
+    finally:
+        ex.destroy(h)
