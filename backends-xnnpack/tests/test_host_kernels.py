@@ -101,3 +101,32 @@ def test_gelu_kernel_lengths_around_the_vector_width(n):
     kernels.gelu(x[:n], out[:n])
     np.testing.assert_allclose(out[:n], _reference(x[:n]), rtol=0, atol=5e-7 * max(1.0, float(np.abs(x).max())))
     assert np.all(out[n:] == 123.0)
+
+
+def test_gelu_kernel_on_a_pool_matches_the_oracle_and_its_single_thread_result():
+    """In chunks of 8192 floats on the delegate's pthreadpool: the same floats as on one thread."""
+    import ctypes
+
+    from edgeport_xnnpack import native
+
+    if not native.is_available()[0]:
+        pytest.skip(native.is_available()[1])
+    pool = native.ThreadPool(2)
+    try:
+        x = np.random.default_rng(3).standard_normal(3 * 8192 + 13).astype(np.float32) * 4
+        one, two = np.empty_like(x), np.empty_like(x)
+        kernels.gelu(x, one)
+        kernels.gelu(x, two, ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value, pool.handle)
+        np.testing.assert_array_equal(one, two)
+        np.testing.assert_allclose(two, _reference(x), rtol=0, atol=5e-7 * 16)
+        with pytest.raises(ValueError, match="pthreadpool_parallelize_1d"):
+            kernels.gelu(x, two, 0, pool.handle)
+    finally:
+        pool.close()
+
+
+def test_gelu_writes_a_little_endian_float32_output():
+    x = np.linspace(-3, 3, 40, dtype=np.float32)
+    out = np.empty(40, np.dtype("<f4"))
+    kernels.gelu(x.astype("<f4"), out)
+    np.testing.assert_allclose(out, _reference(x), rtol=0, atol=5e-7 * 3)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,22 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     out = np.empty_like(src)
     _kernels.gelu(src, out)
     return out
+
+
+def _gelu_op(shape: tuple[int, ...], pool: Any) -> HostOp:
+    """GELU on the C kernel, written straight into the output, in chunks on ``pool`` when it has workers."""
+    import ctypes
+
+    assert _kernels is not None
+    handle = getattr(pool, "handle", None) or 0
+    where = ((ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value, handle)
+             if handle and getattr(pool, "num_threads", 1) > 1 else ())
+    run = _kernels.gelu
+
+    def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        x = xs[0]
+        run(x if x.dtype == np.float32 and x.flags.c_contiguous else np.ascontiguousarray(x, np.float32), out, *where)
+    return _op(into=into, out_shape=shape)
 
 
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -103,8 +120,10 @@ def _clamp(node: XNode) -> tuple[float, float] | None:
     return (lo, hi) if lo > -math.inf or hi < math.inf else None
 
 
-def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]) -> HostOp:
-    """The host implementation of ``node``; validates its parameters against the planned shapes now."""
+def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...],
+                 pool: Any = None) -> HostOp:
+    """The host implementation of ``node``; validates its parameters against the planned shapes now. ``pool`` (the
+    delegate's ``native.ThreadPool``, or ``None``) is where GELU's C kernel runs its chunks."""
     kind = node.kind
     rank = len(out_shape)
     if kind in ("XNNStaticReshape", "XNNCopy"):
@@ -151,6 +170,9 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
     fn = _UNARY.get(kind)
     if fn is None:
         raise ValueError(f"no host implementation of {kind}")
+    if kind == "XNNGelu" and _kernels is not None:
+        _check(in_shapes[0] == out_shape, f"{kind}: input {in_shapes[0]} and output {out_shape} shapes differ")
+        return _gelu_op(out_shape, pool)
     _check(in_shapes[0] == out_shape, f"{kind}: input {in_shapes[0]} and output {out_shape} shapes differ")
     return _op(lambda xs: np.asarray(fn(xs[0]), np.float32))
 

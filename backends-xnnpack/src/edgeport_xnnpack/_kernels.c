@@ -5,7 +5,8 @@
  * with erf from Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) and exp(-u^2) from a range reduction to
  * [-ln2/2, ln2/2] and its Taylor series to degree 7 (truncation error < 1e-8 relative), an AVX2/FMA loop of
  * intrinsics where the CPU has both (8 floats per step), else a loop the compiler vectorizes for the baseline ISA.
- * Arguments are checked before any pointer is touched; the loop runs without the GIL.
+ * Arguments are checked before any pointer is touched; the loop runs without the GIL, on the delegate's pthreadpool
+ * in chunks of 8192 floats when the caller passes it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -115,7 +116,10 @@ static int float_buffer(PyObject *obj, Py_buffer *view, int writable, const char
                      writable ? " writable" : "");
         return -1;
     }
-    if (view->itemsize != 4 || view->format == NULL || strcmp(view->format, "f") != 0) {
+    const char *f = view->format;
+    if (f && (*f == '=' || *f == '@' || (*f == '<' && PY_LITTLE_ENDIAN)))
+        f++;  /* native order, spelled explicitly (numpy's '<f4' arrays) */
+    if (view->itemsize != 4 || f == NULL || strcmp(f, "f") != 0) {
         PyBuffer_Release(view);
         PyErr_Format(PyExc_ValueError, "%s must be float32", what);
         return -1;
@@ -123,10 +127,33 @@ static int float_buffer(PyObject *obj, Py_buffer *view, int writable, const char
     return 0;
 }
 
+typedef void (*task_fn)(void *, size_t);
+typedef void (*parallelize_fn)(void *, task_fn, void *, size_t, uint32_t);
+
+#define GELU_CHUNK 8192  /* floats per pool task: a multiple of the vector width, 32 KiB in and out */
+
+struct gelu_job {
+    const float *x;
+    float *y;
+    Py_ssize_t n;
+};
+
+static void gelu_chunk(void *ctx, size_t index) {
+    const struct gelu_job *j = ctx;
+    Py_ssize_t start = (Py_ssize_t)index * GELU_CHUNK;
+    Py_ssize_t len = j->n - start < GELU_CHUNK ? j->n - start : GELU_CHUNK;
+    gelu_f32(j->x + start, j->y + start, len);
+}
+
 static PyObject *gelu(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *src, *dst;
-    if (!PyArg_ParseTuple(args, "OO:gelu", &src, &dst))
+    unsigned long long parallelize = 0, pool = 0;
+    if (!PyArg_ParseTuple(args, "OO|KK:gelu", &src, &dst, &parallelize, &pool))
         return NULL;
+    if (pool && !parallelize) {
+        PyErr_SetString(PyExc_ValueError, "gelu: a pool needs the address of its pthreadpool_parallelize_1d");
+        return NULL;
+    }
     Py_buffer in, out;
     if (float_buffer(src, &in, 0, "gelu's input") != 0)
         return NULL;
@@ -140,8 +167,13 @@ static PyObject *gelu(PyObject *Py_UNUSED(module), PyObject *args) {
         PyBuffer_Release(&out);
         return NULL;
     }
+    struct gelu_job j = {(const float *)in.buf, (float *)out.buf, in.len / 4};
+    size_t chunks = (size_t)((j.n + GELU_CHUNK - 1) / GELU_CHUNK);
     Py_BEGIN_ALLOW_THREADS
-    gelu_f32((const float *)in.buf, (float *)out.buf, in.len / 4);
+    if (pool && chunks > 1)
+        ((parallelize_fn)(uintptr_t)parallelize)((void *)(uintptr_t)pool, gelu_chunk, &j, chunks, 0);
+    else
+        gelu_f32(j.x, j.y, j.n);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
     PyBuffer_Release(&out);
@@ -149,7 +181,9 @@ static PyObject *gelu(PyObject *Py_UNUSED(module), PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"gelu", gelu, METH_VARARGS, "gelu(x, out): exact GELU of a float32 buffer into out (same length)."},
+    {"gelu", gelu, METH_VARARGS,
+     "gelu(x, out[, parallelize, pool]): exact GELU of a float32 buffer into out (same length), in chunks on a "
+     "pthreadpool when given one (parallelize: the address of its pthreadpool_parallelize_1d)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -225,7 +225,8 @@ class _Planner:
         for n in group:
             try:
                 op = product_op(n, self.values, self.dims, self.const, self.pool, self.products)
-                ops.append(op or make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]]))
+                ops.append(op or make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]],
+                                              self.pool))
             except ValueError as exc:
                 raise _fail(f"{n.kind}: {exc}") from exc
         kinds = sorted({n.kind.removeprefix("XNN") for n in group})
