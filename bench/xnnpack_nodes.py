@@ -6,8 +6,7 @@ add, hardtanh, mean; the encoder's QKV / FFN fully-connected layers, layer norm,
 lowered twice: ExecuTorch's ``to_edge_transform_and_lower`` + its ``XnnpackPartitioner`` run on
 ``executorch.runtime`` (its threadpool reset to N), and edgeport's with ``XnnpackCompileOptions(num_threads=N)`` on
 ``edgeport.runtime``. Outputs are checked against eager first. Timing: ``xnnpack_bench.timing.interleaved`` (every
-repetition visits all contenders in a rotated order, a 50 ms gap before each so every pool's worker threads have
-stopped spinning; the warm call is reported), per thread count. The ratio column is edgeport / ExecuTorch medians: where it is far from 1,
+repetition visits all contenders in a rotated order, a 20 ms gap before each; the warm call is reported), per thread count. The ratio column is edgeport / ExecuTorch medians: where it is far from 1,
 that node kind carries the gap. The CPU model and its SIMD flags are printed with the table: AVX2-only and AVX-512
 hosts give different ratios.
 
@@ -51,7 +50,9 @@ from xnnpack_bench.timing import interleaved, rel_err  # noqa: E402
 REPORT = Path(__file__).resolve().parent / "REPORT.md"
 SECTION = "## XNNPACK per node kind"
 EMULATED = os.environ.get("EDGEPORT_BENCH_EMULATED_ISA", "")
-GAP_S = 0.05  # idle time before each contender: longer than the ~27 ms the 2021 pthreadpool's workers spin after a call
+# idle time before each contender. 50 ms (past the ~27 ms the 2021 pthreadpool's workers spin after a call) gave
+# more 2-thread cells stalled by ~4 ms on this 2-vCPU machine (5-6 rows per table, either runtime) than 20 ms (0-3)
+GAP_S = 0.02
 _MASK_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
