@@ -98,7 +98,7 @@ def measure(name: str, make: Any, reps: int, timer: _SubmitTimer) -> dict[str, A
             for label in order:
                 fns[label]()  # warm-up
                 for _ in range(BLOCK):
-                    s0, c0 = timer.seconds, timer.calls
+                    s0 = timer.seconds
                     t = time.perf_counter()
                     fns[label]()
                     runs[label].append(time.perf_counter() - t)
@@ -148,7 +148,7 @@ def main() -> int:
 
     info = VulkanDevice.get().info
     timer = _SubmitTimer()
-    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.perf_counter()
     rows = [measure(name, make, a.reps, timer) for name, make in models().items()]
     section = report(rows, started, time.perf_counter() - t0, f"{info.name} ({info.device_type})", a.reps)
