@@ -1,0 +1,233 @@
+"""The planning context of a ``VkGraph`` (see :mod:`edgeport_vulkan._plan`): the :class:`Plan` being built, its
+:class:`Dispatch` records, and :class:`PlanContext`, which checks values, tensors and shapes for the operator
+planners (:mod:`edgeport_vulkan._plan_compute`, :mod:`edgeport_vulkan._plan_views`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeport.errors import ProgramError
+
+from ._launch import coalesce
+from .schema import (
+    Bool,
+    Double,
+    Int,
+    IntList,
+    Null,
+    String,
+    VkDataType,
+    VkGraph,
+    VkTensor,
+)
+
+MAX_DIMS = 6
+MAX_NUMEL = (2**31 - 1) // 4
+MAX_GROUPS = 65535
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class Dispatch:
+    shader: str
+    tensors: list[int]  # tensor ids (or synthetic constants' ids) bound in order
+    fmt: str
+    values: list[int | float]
+    groups: tuple[int, int, int]
+    spec: tuple[int, ...] = ()
+    node_id: int = -1  # the OperatorCall's node_id (the delegate debug id of its edge node)
+
+
+@dataclass
+class Plan:
+    dims: dict[int, tuple[int, ...]]  # every float tensor the plan touches
+    storage: dict[int, int]  # tensor id -> id of the tensor owning its buffer (views alias)
+    constants: dict[int, np.ndarray]  # owning id -> float32 data (weights and synthetic scalars)
+    inputs: list[int]
+    outputs: list[int]
+    dispatches: list[Dispatch]
+    op_counts: dict[str, int] = field(default_factory=dict)
+    fp16: bool = False  # FLOAT16 tensors (storage); the runtime still exchanges float32 arrays
+
+
+def dispatch_groups(n: int, local: int) -> tuple[int, int, int]:
+    return (max(1, min(-(-n // local), MAX_GROUPS)), 1, 1)
+
+
+class PlanContext:
+    def __init__(self, graph: VkGraph, constant_data: Callable[[int, int], np.ndarray], where: str) -> None:
+        self.g = graph
+        self.where = where
+        self.values = graph.values
+        self.constant_data = constant_data
+        self.defined: set[int] = set()
+        self.plan = Plan({}, {}, {}, [], [], [])
+        self._next_synthetic = -1
+        self.op = ""
+        self.node_id = -1
+        self.unused: set[int] = set()
+        self.float_type: int | None = None  # FLOAT32, or FLOAT16 for graphs lowered with force_fp16  # declared auxiliary outputs the shaders never compute
+
+    # -- errors and values ----------------------------------------------------------------------------------
+    def fail(self, msg: str) -> ProgramError:
+        return ProgramError(f"{self.where}: {self.op + ': ' if self.op else ''}{msg}")
+
+    def value(self, vid: Any) -> Any:
+        if not isinstance(vid, int) or not 0 <= vid < len(self.values):
+            raise self.fail(f"value id {vid!r} is outside the graph's {len(self.values)} values")
+        return self.values[vid].value
+
+    def tensor_decl(self, vid: int) -> VkTensor:
+        v = self.value(vid)
+        if not isinstance(v, VkTensor):
+            raise self.fail(f"value {vid} is a {type(v).__name__}, expected a tensor")
+        return v
+
+    def float_dims(self, vid: int, t: VkTensor) -> tuple[int, ...]:
+        if t.datatype in (VkDataType.FLOAT32, VkDataType.FLOAT16):
+            if self.float_type is None:
+                self.float_type = int(t.datatype)
+            elif self.float_type != t.datatype:
+                raise self.fail(f"tensor {vid} is {dtype_name(t.datatype)} while others are "
+                                f"{dtype_name(self.float_type)}: a graph is all FLOAT32 or all FLOAT16 (force_fp16)")
+        else:
+            raise self.fail(f"tensor {vid} has datatype {dtype_name(t.datatype)}; only FLOAT32 / FLOAT16 tensors are "
+                            "computed")
+        dims = tuple(int(d) for d in t.dims)
+        if len(dims) > MAX_DIMS:
+            raise self.fail(f"tensor {vid} has {len(dims)} dims (max {MAX_DIMS})")
+        n = math.prod(dims)
+        if n == 0 or n > MAX_NUMEL:
+            raise self.fail(f"tensor {vid} has {n} elements (1..{MAX_NUMEL} supported)")
+        return dims
+
+    def tensor(self, vid: int, what: str = "input") -> tuple[int, ...]:
+        """Dims of a tensor read by the current operator (it must be defined already)."""
+        t = self.tensor_decl(vid)
+        dims = self.float_dims(vid, t)
+        if vid not in self.defined:
+            raise self.fail(f"{what} tensor {vid} is read before any operator writes it")
+        return dims
+
+    def out(self, vid: int, expected: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        t = self.tensor_decl(vid)
+        dims = self.float_dims(vid, t)
+        if vid in self.defined:
+            raise self.fail(f"output tensor {vid} is written twice (or is an input / constant)")
+        if expected is not None and tuple(expected) != dims:
+            raise self.fail(f"output tensor {vid} is declared {list(dims)}, the operator produces {list(expected)}")
+        self.defined.add(vid)
+        self.plan.dims[vid] = dims
+        self.plan.storage[vid] = vid
+        return dims
+
+    def is_null(self, vid: int) -> bool:
+        return isinstance(self.value(vid), Null)
+
+    def int_(self, vid: int, what: str) -> int:
+        v = self.value(vid)
+        if isinstance(v, Int):
+            return int(v.int_val)
+        if isinstance(v, Bool):
+            return int(v.bool_val)
+        raise self.fail(f"{what} (value {vid}) is a {type(v).__name__}, expected an Int")
+
+    def num(self, vid: int, what: str) -> float:
+        v = self.value(vid)
+        if isinstance(v, Double):
+            f = float(v.double_val)
+        elif isinstance(v, Int):
+            f = float(v.int_val)
+        else:
+            raise self.fail(f"{what} (value {vid}) is a {type(v).__name__}, expected a number")
+        if math.isnan(f):
+            raise self.fail(f"{what} is NaN")
+        return f
+
+    def flag(self, vid: int, what: str) -> bool:
+        v = self.value(vid)
+        if isinstance(v, Bool):
+            return bool(v.bool_val)
+        if isinstance(v, Int) and v.int_val in (0, 1):
+            return bool(v.int_val)
+        raise self.fail(f"{what} (value {vid}) is a {type(v).__name__}, expected a Bool")
+
+    def ints(self, vid: int, what: str, n: int | None = None) -> list[int]:
+        v = self.value(vid)
+        if isinstance(v, Int):
+            items = [int(v.int_val)] * (n or 1)
+        elif isinstance(v, IntList):
+            items = [int(x) for x in v.items]
+        else:
+            raise self.fail(f"{what} (value {vid}) is a {type(v).__name__}, expected an IntList")
+        if n is not None and len(items) == 1 and n > 1:
+            items = items * n
+        if n is not None and len(items) != n:
+            raise self.fail(f"{what} has {len(items)} items, expected {n}")
+        if any(abs(x) > 2**30 for x in items):
+            raise self.fail(f"{what} {items} has out-of-range items")
+        return items
+
+    def string(self, vid: int, what: str) -> str | None:
+        v = self.value(vid)
+        if isinstance(v, Null):
+            return None
+        if isinstance(v, String):
+            return v.string_val
+        raise self.fail(f"{what} (value {vid}) is a {type(v).__name__}, expected a String")
+
+    def dim(self, d: int, rank: int, what: str = "dim") -> int:
+        r = max(rank, 1)
+        if not -r <= d < r:
+            raise self.fail(f"{what} {d} is out of range for rank {rank}")
+        return d % r
+
+    def synthetic(self, data: np.ndarray) -> int:
+        vid = self._next_synthetic
+        self._next_synthetic -= 1
+        arr = np.ascontiguousarray(data, dtype=np.float32).reshape(-1)
+        self.plan.dims[vid] = (arr.size,)
+        self.plan.storage[vid] = vid
+        self.plan.constants[vid] = arr
+        return vid
+
+    def dummy(self) -> int:
+        return self.synthetic(np.zeros(1, np.float32))
+
+    def dispatch(self, shader: str, tensors: list[int], fmt: str, values: list[int | float],
+                 groups: tuple[int, int, int], spec: tuple[int, ...] = ()) -> None:
+        # float push constants are fp32: a double beyond its range (ExecuTorch writes DBL_MAX for "no clamp")
+        # becomes an infinity of the same sign
+        values = [math.copysign(math.inf, v) if isinstance(v, float) and abs(v) > F32_MAX else v for v in values]
+        self.plan.dispatches.append(Dispatch(shader, tensors, fmt, values, groups, spec, self.node_id))
+
+    def alias(self, out: int, src: int) -> None:
+        src_dims = self.plan.dims[src]
+        dims = self.out(out)
+        if math.prod(dims) != math.prod(src_dims):
+            raise self.fail(f"view of {list(src_dims)} as {list(dims)} changes the element count")
+        self.plan.storage[out] = self.plan.storage[src]
+
+    def coalesce(self, shape: Any, *strides: Any) -> tuple[list[int], list[list[int]]]:
+        try:
+            return coalesce(shape, *strides)
+        except ValueError as exc:
+            raise self.fail(str(exc)) from None
+
+
+def dtype_name(v: int) -> str:
+    try:
+        return VkDataType(v).name
+    except ValueError:
+        return str(v)
+
+
+def check_nargs(ctx: PlanContext, args: list[int], lo: int, hi: int | None = None) -> None:
+    hi = lo if hi is None else hi
+    if not lo <= len(args) <= hi:
+        raise ctx.fail(f"{len(args)} argument ids, expected {lo}..{hi} (inputs then output)")
