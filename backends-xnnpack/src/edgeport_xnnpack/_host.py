@@ -170,10 +170,9 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
     fn = _UNARY.get(kind)
     if fn is None:
         raise ValueError(f"no host implementation of {kind}")
-    if kind == "XNNGelu" and _kernels is not None:
-        _check(in_shapes[0] == out_shape, f"{kind}: input {in_shapes[0]} and output {out_shape} shapes differ")
-        return _gelu_op(out_shape, pool)
     _check(in_shapes[0] == out_shape, f"{kind}: input {in_shapes[0]} and output {out_shape} shapes differ")
+    if kind == "XNNGelu" and _kernels is not None:
+        return _gelu_op(out_shape, pool)
     return _op(lambda xs: np.asarray(fn(xs[0]), np.float32))
 
 

@@ -7,8 +7,8 @@ place, and XNNPACK's own fp32 requantization (``acc * (input_scale * filter_scal
 rounded half to even, plus the output zero point), so the integers equal the ones libXNNPACK computes (tested
 against it and against the pt2e model). A 1x1 stride-1 convolution reads its input pixels in place; any other dense
 one (a CNN's stem, 3x3 stride 2 over 3 channels: MobileNetV2's took ~0.46 ms in the 2022 library, ~0.24 ms here,
-AMD EPYC, one thread) first gathers its patches into rows (``_gemm.qs8_im2col``, taps outside the input set to the input zero point).
-Torch-free.
+AMD EPYC, one thread) first gathers its patches into rows (``_gemm.qs8_im2col``, taps outside the input set to the
+input zero point). Torch-free.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler
     _gemm = None
 
-_ONE = ("kernel_height", "kernel_width", "subsampling_height", "subsampling_width", "dilation_height",
-        "dilation_width", "groups")
 _PADS = ("padding_top", "padding_right", "padding_bottom", "padding_left")
 
 
