@@ -64,6 +64,8 @@ class ProgramTables:
     #: tag -> fully qualified name -> (bytes, dtype, sizes) of constants written to ``<tag>.ptd``
     external_data: dict[str, dict[str, tuple[bytes, torch.dtype, list[int], int]]] = field(default_factory=dict)
     external_count: int = 0
+    #: initial values of mutated buffers (ExecuTorch's ``mutable_data``; entry 0 = no data)
+    mutable_buffer: list[S.Buffer] = field(default_factory=lambda: [S.Buffer(b"")])
 
     def external_tag(self, node: torch.fx.Node, fqn: str) -> str | None:
         """The ``.ptd`` tag of a constant placeholder, or None to keep it in the program (ExecuTorch's rules:
@@ -90,6 +92,13 @@ class ProgramTables:
             self.external_count += 1
         return old[3]
 
+    def mutable(self, tensor: torch.Tensor) -> int:
+        """Record the initial value of a mutated buffer; returns its ``data_buffer_idx`` (one entry per method's
+        buffer: each loaded method starts from it)."""
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        self.mutable_buffer.append(S.Buffer(data))
+        return len(self.mutable_buffer) - 1
+
     def constant(self, tensor: torch.Tensor) -> int:
         key = id(tensor)
         if key not in self.constant_index:
@@ -114,8 +123,10 @@ class MethodEmitter:
     """Emits one method. ``plan`` maps storage-owning nodes to their :class:`PlannedTensor`."""
 
     def __init__(self, name: str, ep: ExportedProgram, plan: dict[torch.fx.Node, PlannedTensor], arena: int,
-                 tables: ProgramTables, fallbacks: dict[str, str] | None = None, emit_stacktrace: bool = False) -> None:
+                 tables: ProgramTables, fallbacks: dict[str, str] | None = None, emit_stacktrace: bool = False,
+                 state: dict[torch.fx.Node, str] | None = None) -> None:
         self.name, self.ep, self.plan, self.arena, self.tables = name, ep, plan, arena, tables
+        self.state = state or {}  # mutated buffers: placeholder -> fully qualified name
         self.fallbacks = fallbacks or {}  # delegate key -> name of its portable fallback method
         self.values: list[S.EValue] = []
         self.instructions: list[S.Instruction] = []
@@ -269,7 +280,7 @@ class MethodEmitter:
         else:
             args.append(self._add(S.TensorList(outs)))
             self.node_value[node] = outs
-        name, overload = executorch_name(schema), schema.overload_name or "default"
+        name, overload = executorch_name(schema), schema.overload_name  # ExecuTorch writes "" for default
         self._kernel(name, overload, args)
 
     def _emit_to_copy(self, node: torch.fx.Node) -> None:
@@ -381,6 +392,10 @@ class MethodEmitter:
                 tensor = self.ep.constants.get(spec.target)
             if not isinstance(tensor, torch.Tensor):
                 raise SerializationError(f"method {self.name!r}: no data for constant {spec.target!r}")
+            if node in self.state:  # planned for the whole method, starting from its initial value
+                self.node_value[node] = self._tensor_value(tensor, planned=self.plan[node],
+                                                           data_idx=self.tables.mutable(tensor))
+                return
             tag = self.tables.external_tag(node, spec.target)
             if tag is not None:
                 index = self._tensor_value(tensor, data_idx=self.tables.external(tag, spec.target, tensor))
@@ -394,13 +409,15 @@ class MethodEmitter:
 
     def _emit_outputs(self, node: torch.fx.Node) -> list[int]:
         kinds = [s.kind for s in self.ep.graph_signature.output_specs]
-        if any(k != OutputKind.USER_OUTPUT for k in kinds):
-            raise UnsupportedOperatorError(
-                f"method {self.name!r}: outputs of kind {sorted({k.name for k in kinds})} (buffer mutation) "
-                "are not supported yet; make the buffer a constant or return it"
-            )
+        if len(kinds) != len(node.args[0]):
+            raise SerializationError(f"method {self.name!r}: {len(node.args[0])} outputs but the signature has "
+                                     f"{len(kinds)}")
         result = []
-        for arg in node.args[0]:
+        for kind, arg in zip(kinds, node.args[0]):
+            if kind == OutputKind.BUFFER_MUTATION:
+                continue  # written back into its buffer by the write-back pass
+            if kind != OutputKind.USER_OUTPUT:
+                raise UnsupportedOperatorError(f"method {self.name!r}: outputs of kind {kind.name} are not supported")
             if isinstance(arg, torch.fx.Node):
                 result.append(self._node(arg))
             else:

@@ -6,7 +6,7 @@ import io
 import operator
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -21,6 +21,7 @@ from edgeport.aot.emitter import MethodEmitter, PlannedTensor, ProgramTables, em
 from edgeport.aot.graph_utils import copy_program
 from edgeport.aot.memory_planning import MemoryPlan, TensorLifetime, plan_memory
 from edgeport.aot.passes.out_variants import storage_root, to_out_variants
+from edgeport.aot.passes.state import write_back_mutated_buffers
 from edgeport.aot.transform import transform_program
 from edgeport.errors import SerializationError, UnsupportedOperatorError
 from edgeport.named_data import merge_named_data_by_tag
@@ -62,15 +63,17 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return n * torch.empty((), dtype=dtype).element_size()
 
 
-def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfig
-                ) -> tuple[dict[torch.fx.Node, PlannedTensor], MemoryPlan]:
-    """Lifetimes of every storage-owning tensor in ``ep`` (already in out-variant form), then a plan."""
+def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfig,
+                state: Collection[torch.fx.Node] = ()) -> tuple[dict[torch.fx.Node, PlannedTensor], MemoryPlan]:
+    """Lifetimes of every storage-owning tensor in ``ep`` (already in out-variant form), then a plan. ``state``
+    (mutated buffers) lives for the whole method, so nothing else ever shares its memory."""
     nodes = list(ep.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     user_inputs = set(ep.graph_signature.user_inputs)
     roots: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for n in nodes:
-        if n.op == "placeholder" and (n.name not in user_inputs or not isinstance(n.meta.get("val"), torch.Tensor)):
+        if n.op == "placeholder" and n not in state and (
+                n.name not in user_inputs or not isinstance(n.meta.get("val"), torch.Tensor)):
             continue
         root = storage_root(n)
         if root is not None:
@@ -88,7 +91,7 @@ def plan_method(ep: ExportedProgram, method: str, config: ExecutorchBackendConfi
             start = index[root.args[0]]
         else:
             start = index[root]
-        end = start
+        end = last if root in state else start
         for alias in aliases:
             for user in alias.users:
                 end = max(end, last if user.op == "output" else index[user])
@@ -115,14 +118,17 @@ def delegate_keys(ep: ExportedProgram) -> list[str]:
     return keys
 
 
-def to_execution_program(ep: ExportedProgram, config: ExecutorchBackendConfig) -> ExportedProgram:
-    """User passes, then out-variant conversion, on a copy of ``ep``."""
+def to_execution_program(ep: ExportedProgram, config: ExecutorchBackendConfig, method: str = "forward"
+                         ) -> tuple[ExportedProgram, dict[torch.fx.Node, str]]:
+    """User passes, out-variant conversion, then the write-back of mutated buffers, on a copy of ``ep``; returns
+    the program and its state (mutated buffers' placeholders -> fully qualified names)."""
     work = copy_program(ep)
     if config.passes:
         work = transform_program(work, list(config.passes))
     # In place, after construction: torch's ATen verifier (all ops functional) does not apply to out variants.
     to_out_variants(work.graph_module)
-    return work
+    state = write_back_mutated_buffers(work, method)
+    return work, state
 
 
 class ExecutorchProgramManager:
@@ -144,6 +150,8 @@ class ExecutorchProgramManager:
         self._buffer: bytes | None = None
         self._debug_maps: dict[str, tuple[dict, dict, dict]] = {}
         self._etrecord: Any = None
+        #: initial values of the methods' mutated buffers (entry 0 = no data), ExecuTorch's mutable-data segment
+        self._mutable_data: list[S.Buffer] = [S.Buffer(b"")]
 
     @classmethod
     def from_edge_programs(cls, programs: Mapping[str, ExportedProgram], config_methods: Mapping[str, Any],
@@ -161,10 +169,10 @@ class ExecutorchProgramManager:
                 for key in delegate_keys(ep):
                     fallbacks[key] = f"{name}__fallback_{len(fallbacks)}"
                     pending.append((fallbacks[key], lookup_lowered_module(key).original_module))
-            execution = to_execution_program(ep, config)
-            planned, memory = plan_method(execution, name, config)
+            execution, state = to_execution_program(ep, config, name)
+            planned, memory = plan_method(execution, name, config, state)
             emitter = MethodEmitter(name, execution, planned, memory.arena_bytes, tables, fallbacks,
-                                    emit_stacktrace=config.emit_stacktrace)
+                                    emit_stacktrace=config.emit_stacktrace, state=state)
             plans.append(emitter.emit())
             debug_maps[name] = (emitter.debug_handle_map, emitter.delegate_map, emitter.instruction_id_to_num_outs_map)
             executions[name] = execution
@@ -194,6 +202,7 @@ class ExecutorchProgramManager:
                 group[key] = ("blob", data, alignment)
         manager = cls(executions, config_methods, config, program, reports, named.get(None, {}), external)
         manager._debug_maps = debug_maps
+        manager._mutable_data = tables.mutable_buffer
         return manager
 
     @property
@@ -256,6 +265,7 @@ class ExecutorchProgramManager:
                     constant_tensor_alignment=c.constant_tensor_alignment,
                     delegate_alignment=c.delegate_alignment,
                     named_data=self._named_data,
+                    mutable_data=self._mutable_data if len(self._mutable_data) > 1 else None,
                 ))
             except SerializationError:
                 raise

@@ -79,7 +79,9 @@ def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
     """Run each ``(name, pte_bytes, method, inputs)`` case on the stock ExecuTorch runtime, in child processes.
 
     A case may carry a fifth element: the bytes of the ``.ptd`` data file the program needs (the stock Python
-    runtime takes one), passed as ``load_program(pte, data_path=...)``.
+    runtime takes one), passed as ``load_program(pte, data_path=...)``, and a sixth: ``True`` when ``inputs`` is
+    a list of steps (input lists) to execute in order on one loaded method (state carries between them); its
+    outputs are then one list per step.
 
     Returns one :class:`StockResult` per case, in order. A child that dies takes only its current case with it;
     the rest run in a fresh child. ``python`` is the interpreter to use (default: this one).
@@ -96,7 +98,9 @@ def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
             if len(case) > 4 and case[4] is not None:
                 data_path = work / f"case{i}.ptd"
                 data_path.write_bytes(bytes(case[4]))
-            listed.append((name, str(path), method, list(inputs), None if data_path is None else str(data_path)))
+            steps = bool(len(case) > 5 and case[5])
+            listed.append((name, str(path), method, [list(s) for s in inputs] if steps else list(inputs),
+                           None if data_path is None else str(data_path), steps))
         (work / "cases.pkl").write_bytes(pickle.dumps(listed))
         start = 0
         while start < len(cases):
@@ -139,3 +143,10 @@ def run_program(pte: bytes, inputs: Sequence[Any], method: str = "forward", *, n
     """Run one program (with its ``.ptd`` bytes ``data``, if any) on the stock ExecuTorch runtime in a child
     process (see :func:`run_cases`)."""
     return run_cases([(name, pte, method, inputs, data)], timeout=timeout)[0]
+
+
+def run_steps(pte: bytes, steps: Sequence[Sequence[Any]], method: str = "forward", *, name: str = "program",
+              timeout: float = 600.0, data: bytes | None = None) -> StockResult:
+    """Execute one loaded method of a (stateful) program once per step, in order, on the stock ExecuTorch runtime
+    in a child process; ``outputs`` is one output list per step."""
+    return run_cases([(name, pte, method, [list(s) for s in steps], data, True)], timeout=timeout)[0]

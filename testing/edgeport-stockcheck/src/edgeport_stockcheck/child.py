@@ -1,7 +1,8 @@
 """The child process of ``edgeport.testing.stock_runtime``: runs pickled cases on the stock ExecuTorch runtime.
 
 ``python -m edgeport_stockcheck.child WORK START`` loads ``WORK/cases.pkl`` (``(name, pte path, method, inputs,
-ptd path)`` tuples), runs them from index ``START`` on ``executorch.runtime`` (programs loaded from files, i.e.
+ptd path[, steps])`` tuples; with ``steps`` true, ``inputs`` is a list of input lists executed in order on one
+loaded method, and the outputs are one list per step), runs them from index ``START`` on ``executorch.runtime`` (programs loaded from files, i.e.
 memory-mapped as on a device) and appends a length-prefixed pickled record per event to ``WORK/report.bin``:
 ``("start", i)`` before a case and ``("done", i, outputs, error)`` after it, so the parent knows which case was
 running when the process dies. Test-only: this is the one place that imports ``executorch``.
@@ -39,13 +40,19 @@ def main(work: str, start: int) -> None:
             report.write(struct.pack("<Q", len(data)) + data)
 
         for index in range(start, len(cases)):
-            _name, path, method, inputs, data_path = cases[index]
+            _name, path, method, inputs, data_path, *rest = cases[index]
+            steps = bool(rest and rest[0])  # a sequence of executes on one loaded method (stateful programs)
             emit(("start", index))
             try:
                 program = runtime.load_program(path, verification=Verification.InternalConsistency,
                                                data_path=data_path)
-                outputs = program.load_method(method).execute([_as_input(v) for v in inputs])
-                emit(("done", index, [_as_output(v) for v in outputs], None))
+                loaded = program.load_method(method)
+                if steps:
+                    result = [[_as_output(v) for v in loaded.execute([_as_input(v) for v in step])]
+                              for step in inputs]
+                else:
+                    result = [_as_output(v) for v in loaded.execute([_as_input(v) for v in inputs])]
+                emit(("done", index, result, None))
             except Exception as exc:  # noqa: BLE001 - reported to the parent as the case's error
                 emit(("done", index, None, f"{type(exc).__name__}: {exc}"))
 

@@ -226,7 +226,12 @@ def storage_root(node: torch.fx.Node) -> torch.fx.Node | None:
                 return src.kwargs.get(outs[node.args[1]].name)
         return None
     if isinstance(node.target, OpOverload):
-        outs = _out_args(node.target._schema)
+        schema = node.target._schema
+        outs = _out_args(schema)
         if len(outs) == 1 and outs[0].type.kind() != "ListType":
             return node.kwargs.get(outs[0].name)
+        first = schema.arguments[0] if schema.arguments else None
+        if (not outs and first is not None and first.alias_info is not None and first.alias_info.is_write
+                and node.args and isinstance(node.args[0], torch.fx.Node)):
+            return storage_root(node.args[0])  # an in-place op (index_put_, copy_): its first argument's memory
     return None
