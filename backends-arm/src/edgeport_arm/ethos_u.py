@@ -10,10 +10,13 @@ SRAM / flash use, MACs, NPU / CPU operator split, per layer when asked for), whi
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from torch.export import ExportedProgram
 
+from edgeport.aot.capability_partitioner import op_name
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport.named_data import NamedDataStore
@@ -22,16 +25,36 @@ from edgeport_arm.options import EthosUCompileSpec
 from edgeport_arm.preprocess import lower_to_tosa
 
 
+def op_list(program: ExportedProgram, limit: int = 12) -> str:
+    """``"12 ops: aten.convolution.default x5, ..."``: the partition's operators, for messages."""
+    counts = Counter(op_name(n.target) for n in program.graph.nodes if n.op == "call_function")
+    parts = [f"{op} x{k}" if k > 1 else op for op, k in counts.most_common(limit)]
+    more = ", ..." if len(counts) > limit else ""
+    return f"{sum(counts.values())} ops: {', '.join(parts)}{more}"
+
+
+def vela_compile(tosa: bytes, summary: dict[str, Any], edge_program: ExportedProgram, spec: EthosUCompileSpec) -> Any:
+    """Vela's result for a partition's TOSA graph (compiled in the isolated worker, cached by input).
+
+    Raises :class:`~edgeport_arm.vela.VelaError` (:class:`~edgeport_arm.vela.VelaCrashed` on a crash, naming
+    the partition's inputs, its operators and the signal) or ``ValueError`` for options Vela does not accept.
+    """
+    from edgeport_arm.vela import compile_tosa_isolated
+
+    name = ",".join(summary["inputs"]) or "partition"
+    return compile_tosa_isolated(tosa, target=spec.target, system_config=spec.system_config,
+                                 memory_mode=spec.memory_mode, extra_flags=spec.extra_flags,
+                                 config_ini=spec.config_ini, partition_name=f"inputs {name}",
+                                 ops=op_list(edge_program))
+
+
 def preprocess_ethos_u(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
-    from edgeport_arm.vela import VelaError, compile_tosa
+    from edgeport_arm.vela import VelaError
 
     spec = EthosUCompileSpec.from_compile_specs(compile_specs)
     tosa, summary = lower_to_tosa(edge_program, spec.specification)
-    name = ",".join(summary["inputs"]) or "partition"
     try:
-        result = compile_tosa(tosa, target=spec.target, system_config=spec.system_config,
-                              memory_mode=spec.memory_mode, extra_flags=spec.extra_flags,
-                              config_ini=spec.config_ini, partition_name=f"inputs {name}")
+        result = vela_compile(tosa, summary, edge_program, spec)
     except (VelaError, ValueError) as exc:
         raise LoweringError(f"EthosUBackend: {exc}") from exc
     estimates = result.estimates.to_dict()

@@ -9,6 +9,13 @@ crosses into an integer graph. ``EthosUPartitioner`` also applies
 what Vela places on the NPU (:func:`~edgeport_arm.capabilities.ethos_u_problem`) and, by default, refuses a model
 that would leave float compute on the CPU (``cpu_fallback=True`` allows it). Every rejected node's reason is in
 :attr:`rejections` after :meth:`partition`.
+
+With ``trial_compile=True`` (the default) each partition is test-compiled before it is returned -- lowered to
+TOSA and, for Ethos-U, compiled by Vela in an isolated worker process (:mod:`edgeport_arm.trial`). A partition
+the compiler refuses (or crashes on) shrinks: the node the compiler names, or the one bisection finds, goes to
+the CPU with the compiler's words as its rejection reason (so the lowering report shows them and
+``require_full_delegation=True`` raises naming them), and the graph is partitioned again. :attr:`refusals`
+lists what was refused.
 """
 
 from __future__ import annotations
@@ -38,8 +45,10 @@ from edgeport_arm.capabilities import (
     reads_or_writes_int16,
 )
 from edgeport_arm.options import ETHOSU_BACKEND_ID, TOSA_BACKEND_ID, EthosUCompileSpec, TosaCompileSpec
+from edgeport_arm.trial import Refusal, find_refusals
 
 _DQS = (DEQUANTIZE, DEQUANTIZE_PER_CHANNEL)
+_MAX_TRIAL_ROUNDS = 64
 _CONSTANT_ARGS = {"aten.convolution.default": (1, 2), "aten.linear.default": (1, 2),
                   "aten.native_layer_norm.default": (2, 3)}
 
@@ -50,13 +59,17 @@ def arg_or_none(node: torch.fx.Node, index: int) -> object:
 
 class _ArmPartitioner(CapabilityBasedPartitioner):
     def __init__(self, backend_id: str, compile_spec: TosaCompileSpec | EthosUCompileSpec, *, ethos_u: bool,
-                 cpu_fallback: bool, min_partition_size: int, node_filter: NodeFilter | None) -> None:
+                 cpu_fallback: bool, min_partition_size: int, node_filter: NodeFilter | None,
+                 trial_compile: bool = True) -> None:
         super().__init__(backend_id, ALL_CAPABILITIES, compile_spec.to_compile_specs(),
                          min_partition_size=min_partition_size, node_filter=node_filter)
         self.compile_spec = compile_spec
         self.integer = compile_spec.specification.is_int and not compile_spec.specification.is_fp
         self.ethos_u = ethos_u
         self.cpu_fallback = cpu_fallback
+        self.trial_compile = trial_compile
+        #: after :meth:`partition`: each candidate partition the compiler refused, and the nodes moved for it
+        self.refusals: list[Refusal] = []
         self._user_filter = node_filter
         self._constants: set[str] = set()
         self._verdicts: dict[torch.fx.Node, str | None] = {}
@@ -142,14 +155,46 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
     # -- partitioning ----------------------------------------------------------------------------------------
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         self._constants = constant_placeholder_names(exported_program)
+        self.refusals = []
         banned: dict[torch.fx.Node, str] = {}
+        known_good: set[frozenset[str]] = set()
+        by_name = {n.name: n for n in exported_program.graph.nodes}
+        for _ in range(_MAX_TRIAL_ROUNDS):
+            result = self._partition_banning(exported_program, banned)
+            if not self.trial_compile:
+                break
+            groups: dict[str, list[torch.fx.Node]] = {}
+            for node in exported_program.graph.nodes:
+                if node.meta.get("delegation_tag") is not None:
+                    groups.setdefault(node.meta["delegation_tag"], []).append(node)
+            refusals = find_refusals(exported_program, groups, self.compile_spec,
+                                     lambda members, excluded, b=banned: self._subset(
+                                         exported_program, members, excluded, b), known_good)
+            if not refusals:
+                break
+            for refusal in refusals:
+                self.refusals.append(refusal)
+                for name in refusal.culprits:
+                    node = by_name[name]
+                    banned[node] = f"{op_name(node.target)}: {refusal.reason(name)}"
+        else:
+            raise LoweringError(f"{self.backend_id}: partitions were still refused after {_MAX_TRIAL_ROUNDS} rounds of "
+                                "moving nodes to the CPU; last refusal: " + self.refusals[-1].reason("(node)"))
+        if self.integer and not self.cpu_fallback:
+            self._refuse_float_leftovers(exported_program)
+        return result
+
+    def _partition_banning(self, exported_program: ExportedProgram, banned: dict[torch.fx.Node, str]
+                           ) -> PartitionResult:
+        """Tag the graph with ``banned`` nodes kept on the CPU (and the island rules applied around them)."""
+        banned = dict(banned)
         try:
             while True:
                 if self.integer:
                     verdict = self._islands(exported_program.graph, banned)
                     self.node_filter = lambda n, v=verdict: v.get(n) or True
                 else:
-                    self.node_filter = self._own_checks
+                    self.node_filter = lambda n, b=banned: b.get(n) or self._own_checks(n)
                 result = super().partition(exported_program)
                 split = self._split_dequantizes(exported_program.graph) if self.integer else {}
                 if not split:
@@ -157,9 +202,18 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
                 banned.update(split)  # a float tensor would cross between two partitions: keep it on the CPU
         finally:
             self.node_filter = self._user_filter
-        if self.integer and not self.cpu_fallback:
-            self._refuse_float_leftovers(exported_program)
         return result
+
+    def _subset(self, ep: ExportedProgram, members: list[torch.fx.Node], excluded: list[torch.fx.Node],
+                banned: dict[torch.fx.Node, str]) -> list[torch.fx.Node]:
+        """The nodes of partition ``members`` still delegable (island rules) once ``excluded`` stay on the CPU."""
+        out = set(excluded)
+        if not self.integer:
+            return [n for n in members if n not in out]
+        verdict = self._islands(ep.graph, {**banned, **dict.fromkeys(out, "excluded")})
+        keep = [n for n in members if n not in out and verdict.get(n, "") is None]
+        kept = set(keep)
+        return [n for n in members if n in kept or (n.target.__name__ == "getitem" and n.args[0] in kept)]
 
     @staticmethod
     def _split_dequantizes(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
@@ -203,27 +257,29 @@ class TOSAPartitioner(_ArmPartitioner):
     """Delegates what the Arm table supports to ``TOSABackend`` (ExecuTorch's name and arguments).
 
     ``compile_spec``: a :class:`TosaCompileSpec` (``"TOSA-1.0+INT"`` by default; ``"TOSA-1.0+FP"`` for float).
+    ``trial_compile``: lower each partition to TOSA while partitioning and move what fails to the CPU.
     """
 
     def __init__(self, compile_spec: TosaCompileSpec | None = None, *, min_partition_size: int = 1,
-                 node_filter: NodeFilter | None = None, cpu_fallback: bool = True) -> None:
+                 node_filter: NodeFilter | None = None, cpu_fallback: bool = True, trial_compile: bool = True) -> None:
         spec = compile_spec if compile_spec is not None else TosaCompileSpec()
         if not isinstance(spec, TosaCompileSpec):
             raise TypeError(f"TOSAPartitioner takes a TosaCompileSpec, got {type(spec).__name__}")
         super().__init__(TOSA_BACKEND_ID, spec, ethos_u=False, cpu_fallback=cpu_fallback,
-                         min_partition_size=min_partition_size, node_filter=node_filter)
+                         min_partition_size=min_partition_size, node_filter=node_filter, trial_compile=trial_compile)
 
 
 class EthosUPartitioner(_ArmPartitioner):
     """Delegates what Vela puts on the Ethos-U NPU to ``EthosUBackend``.
 
     ``cpu_fallback=False`` (default) refuses a model that would leave float compute outside the delegate.
+    ``trial_compile``: compile each partition with Vela (isolated) while partitioning; shrink refused ones.
     """
 
     def __init__(self, compile_spec: EthosUCompileSpec | None = None, *, min_partition_size: int = 1,
-                 node_filter: NodeFilter | None = None, cpu_fallback: bool = False) -> None:
+                 node_filter: NodeFilter | None = None, cpu_fallback: bool = False, trial_compile: bool = True) -> None:
         spec = compile_spec if compile_spec is not None else EthosUCompileSpec()
         if not isinstance(spec, EthosUCompileSpec):
             raise TypeError(f"EthosUPartitioner takes an EthosUCompileSpec, got {type(spec).__name__}")
         super().__init__(ETHOSU_BACKEND_ID, spec, ethos_u=True, cpu_fallback=cpu_fallback,
-                         min_partition_size=min_partition_size, node_filter=node_filter)
+                         min_partition_size=min_partition_size, node_filter=node_filter, trial_compile=trial_compile)

@@ -2,7 +2,9 @@
 
 Torch-free; ``ethosu.vela`` is imported only when a function needs it, so importing this module is cheap.
 Vela's output (Python prints and its C++ core's writes to file descriptors 1 and 2) is captured into
-:attr:`VelaResult.log`, never printed. Every failure becomes a :class:`VelaError` naming the partition and
+:attr:`VelaResult.log`, never printed. :func:`compile_tosa_isolated` (what the backend uses) runs
+:func:`compile_tosa` in an :mod:`edgeport.isolation` worker, so a crash of Vela's native core (SIGSEGV, abort)
+becomes a :class:`VelaCrashed` error instead of ending the caller's process; its results are cached per input. Every failure becomes a :class:`VelaError` naming the partition and
 target with Vela's own message. Compilations are serialised by a lock because capturing file descriptors and
 Vela's ``sys.setrecursionlimit`` are process-wide (output other threads write to file descriptors 1 and 2
 while Vela runs lands in the log too).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import io
 import math
 import os
@@ -19,6 +22,7 @@ import re
 import sys
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +31,8 @@ from edgeport_arm.options import ETHOSU_TARGETS, default_system_config
 from edgeport_arm.schema.vela_stream import VelaStream, VelaStreamError, from_vela_npz, pack_vela_stream
 
 __all__ = [
-    "ACCELERATORS", "VelaError", "VelaEstimates", "VelaResult", "compile_tosa", "default_system_config",
-    "vela_version",
+    "ACCELERATORS", "VelaCrashed", "VelaError", "VelaEstimates", "VelaResult", "compile_tosa",
+    "compile_tosa_isolated", "default_system_config", "vela_version",
 ]
 
 #: Vela's accelerator configurations (``--accelerator-config``).
@@ -49,6 +53,17 @@ _UNSUPPORTED_HINT = ("\n(The Ethos-U NPU runs quantized TOSA INT graphs and not 
 
 class VelaError(RuntimeError):
     """Vela could not compile a partition (or placed part of it on the CPU)."""
+
+
+class VelaCrashed(VelaError):
+    """Vela's process died compiling a partition (``signal``: e.g. ``"SIGSEGV"``, or ``None`` for an exit)."""
+
+    def __init__(self, message: str, signal: str | None = None) -> None:
+        super().__init__(message)
+        self.signal = signal
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.signal))
 
 
 def _check_target(target: str) -> str:
@@ -354,3 +369,55 @@ def compile_tosa(
                         "the CPU, and the Ethos-U backend does not fall back; keep those operators out of the "
                         f"partition.\n{_tail(log)}")
     return VelaResult(stream=stream, blob=pack_vela_stream(stream), estimates=estimates, log=log)
+
+
+#: key -> result (or the VelaError raised) of recent isolated compilations; see compile_tosa_isolated
+_CACHE: OrderedDict[str, VelaResult | VelaError] = OrderedDict()
+_CACHE_SIZE = 32
+#: seconds an isolated compilation may take before its worker is killed (None: no limit)
+ISOLATED_TIMEOUT_S: float | None = 1800.0
+
+
+def _cache_key(data: bytes, kwargs: dict[str, Any]) -> str:
+    h = hashlib.sha256(data)
+    h.update(repr(sorted((k, v if isinstance(v, str | None) else tuple(v)) for k, v in kwargs.items()
+                         if k != "partition_name")).encode())
+    return h.hexdigest()
+
+
+def compile_tosa_isolated(tosa_flatbuffer: bytes, *, target: str, partition_name: str = "partition",
+                          ops: str = "", **kwargs: Any) -> VelaResult:
+    """:func:`compile_tosa` in the shared ``"vela"`` worker process (:func:`edgeport.isolation.get_worker`).
+
+    Same arguments and errors; in addition a crash of the worker raises :class:`VelaCrashed` naming the
+    partition, ``ops`` (a description of its operators, for the message) and the signal, and the next call
+    starts a new worker. Results and Vela's refusals are cached by input bytes and options, so compiling a
+    partition the partitioner already test-compiled costs nothing. ``EDGEPORT_ARM_VELA_IN_PROCESS=1`` runs
+    Vela in this process instead (no protection; for debugging and measuring).
+    """
+    from edgeport.isolation import WorkerCrashed, get_worker
+
+    data = _check_tosa(tosa_flatbuffer, partition_name, target)
+    key = _cache_key(data, {"target": target, **kwargs})
+    hit = _CACHE.get(key)
+    if hit is None:
+        try:
+            if os.environ.get("EDGEPORT_ARM_VELA_IN_PROCESS") == "1":
+                hit = compile_tosa(data, target=target, partition_name=partition_name, **kwargs)
+            else:
+                hit = get_worker("vela").call(compile_tosa, data, target=target, partition_name=partition_name,
+                                              timeout=ISOLATED_TIMEOUT_S, **kwargs)
+        except VelaError as exc:
+            hit = exc
+        except WorkerCrashed as exc:
+            what = f" ({ops})" if ops else ""
+            hit = VelaCrashed(f"Vela crashed compiling partition {partition_name!r}{what} for {target}: {exc}",
+                              exc.signal)
+        _CACHE[key] = hit
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    if isinstance(hit, VelaError):
+        raise type(hit)(*hit.__reduce__()[1]) if isinstance(hit, VelaCrashed) else VelaError(str(hit))
+    return hit
