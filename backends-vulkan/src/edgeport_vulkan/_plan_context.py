@@ -30,6 +30,15 @@ MAX_DIMS = 6
 MAX_NUMEL = (2**31 - 1) // 4
 MAX_GROUPS = 65535
 F32_MAX = float(np.finfo(np.float32).max)
+#: operators that may read or write zero-element tensors: data movement, where an empty tensor needs no dispatch
+#: (aliases and copies of nothing; ``cat`` skips empty inputs). Every other operator is refused one at planning,
+#: and the partitioner keeps such nodes off the backend (:mod:`edgeport_vulkan.capabilities`).
+ZERO_ELEMENT_OPS = frozenset({
+    "aten.view_copy.default", "aten._unsafe_view.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+    "aten.unsqueeze_copy.default", "aten.clone.default", "aten.permute_copy.default", "aten.cat.default",
+    "aten.slice_copy.Tensor", "aten.select_copy.int", "aten.expand_copy.default",
+    "aten.split_with_sizes_copy.default",
+})
 
 
 @dataclass
@@ -102,9 +111,14 @@ class PlanContext:
         if len(dims) > MAX_DIMS:
             raise self.fail(f"tensor {vid} has {len(dims)} dims (max {MAX_DIMS})")
         n = math.prod(dims)
-        if n == 0 or n > MAX_NUMEL:
-            raise self.fail(f"tensor {vid} has {n} elements (1..{MAX_NUMEL} supported)")
+        if n > MAX_NUMEL:
+            raise self.fail(f"tensor {vid} has {n} elements (at most {MAX_NUMEL} supported)")
         return dims
+
+    def _check_empty(self, vid: int, dims: tuple[int, ...], what: str) -> None:
+        if math.prod(dims) == 0 and self.op and self.op not in ZERO_ELEMENT_OPS:
+            raise self.fail(f"{what} tensor {vid} {list(dims)} has no elements; only data-movement operators "
+                            "take empty tensors")
 
     def tensor(self, vid: int, what: str = "input") -> tuple[int, ...]:
         """Dims of a tensor read by the current operator (it must be defined already)."""
@@ -112,6 +126,7 @@ class PlanContext:
         dims = self.float_dims(vid, t)
         if vid not in self.defined:
             raise self.fail(f"{what} tensor {vid} is read before any operator writes it")
+        self._check_empty(vid, dims, what)
         return dims
 
     def out(self, vid: int, expected: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -121,6 +136,7 @@ class PlanContext:
             raise self.fail(f"output tensor {vid} is written twice (or is an input / constant)")
         if expected is not None and tuple(expected) != dims:
             raise self.fail(f"output tensor {vid} is declared {list(dims)}, the operator produces {list(expected)}")
+        self._check_empty(vid, dims, "output")
         self.defined.add(vid)
         self.plan.dims[vid] = dims
         self.plan.storage[vid] = vid

@@ -34,8 +34,10 @@ def _permute(ctx: PlanContext, args: list[int]) -> None:
     shape = tuple(x[d] for d in perm)
     ctx.out(args[-1], shape)
     src = contiguous_strides(x)
-    cshape, (sst, _) = ctx.coalesce(shape, [src[d] for d in perm], contiguous_strides(shape))
     n = math.prod(x)
+    if n == 0:
+        return
+    cshape, (sst, _) = ctx.coalesce(shape, [src[d] for d in perm], contiguous_strides(shape))
     ctx.dispatch("permute", [args[0], args[-1]], "14i", [n, len(cshape), *pad6(cshape), *pad6(sst, 0)],
                  dispatch_groups(n, 256))
 
@@ -75,7 +77,7 @@ def _expand(ctx: PlanContext, args: list[int]) -> None:
     lead = len(size) - len(x)
     full = (1,) * lead + tuple(x)
     shape = tuple(f if s == -1 else s for s, f in zip(size, full))
-    if any(s < 1 or (f != 1 and f != s) for s, f in zip(shape, full)):
+    if any(s < 0 or (f != 1 and f != s) for s, f in zip(shape, full)):
         raise ctx.fail(f"cannot expand {list(x)} to {size}")
     ctx.out(args[-1], shape)
     st = [0] * lead + contiguous_strides(x)
@@ -108,6 +110,9 @@ def _cat(ctx: PlanContext, args: list[int]) -> None:
     if not isinstance(lst, ValueList) or not lst.items:
         raise ctx.fail("tensors must be a non-empty ValueList")
     xs = [(vid, ctx.tensor(vid)) for vid in lst.items]
+    # torch.cat skips 1-D empty tensors whatever the others' rank (a (0,) placeholder, e.g. an empty KV cache)
+    kept = [(vid, s) for vid, s in xs if s != (0,)]
+    xs = kept or xs[:1]
     rank = len(xs[0][1])
     d = ctx.dim(ctx.int_(args[1], "dim"), rank)
     for vid, s in xs:

@@ -3,6 +3,10 @@
 Float32 tensors with static shapes only (``force_fp16`` stores them as fp16 on the device;
 ``max_pool2d_with_indices`` declares int64 indices, which must be unused). Each constraint
 mirrors a limit of the shader library (:mod:`edgeport_vulkan.ops`) or of the executor's graph interpreter.
+
+Zero-element tensors (a decoder's empty KV cache, ``torch.tensor([])`` concatenated with the first keys) are
+taken by the data-movement operators only (``ZERO_ELEMENT_OPS``: aliases, copies, ``cat``, which skips them, as
+torch does); any other operator reading or writing one is refused here with that reason.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from edgeport.node_helpers import int_pair as _pair
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value as _val
+from edgeport_vulkan._plan_context import ZERO_ELEMENT_OPS
 
 _F = ("float32",)
 MAX_RANK = 6
 
 
 def _static(node: Any) -> str | None:
+    target = getattr(node, "target", "")  # an OpOverload, or an edge op wrapping one in ``_op``
+    movement = str(target) in ZERO_ELEMENT_OPS or str(getattr(target, "_op", "")) in ZERO_ELEMENT_OPS
     for n in [node, *getattr(node, "all_input_nodes", [])]:
         val = _val(n)
         if val is not None and hasattr(val, "shape"):
@@ -28,6 +35,9 @@ def _static(node: Any) -> str | None:
                 return f"dynamic shape on {getattr(n, 'name', n)}: the Vulkan executor plans static shapes only"
             if len(s) > MAX_RANK:
                 return f"{getattr(n, 'name', n)} has rank {len(s)} > {MAX_RANK}"
+            if not movement and 0 in s:
+                return (f"{getattr(n, 'name', n)} {list(s)} has no elements: only data-movement operators (views, "
+                        "copies, cat) take empty tensors")
     return None
 
 
