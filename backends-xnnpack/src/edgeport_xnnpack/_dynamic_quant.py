@@ -13,6 +13,11 @@ libXNNPACK has neither the datatype nor the kernels, so the executor computes th
 
 Results match the int8 kernels of ExecuTorch's runtime to float32 rounding; the program keeps int8 weights
 (4x smaller), but on this library the compute runs in float32 (no int8 speed-up).
+
+``qbint4`` filters (4-bit weights with one bfloat16 scale per block of ``group_size`` input channels, torchao's
+8da4w) are dequantized the same way: ``(nibble - 8) * float32(scale)`` is exact in float32 (a 4-bit integer
+times an 8-bit significand), so ``sum_k (q_k - zp) / inv * w_k * s_{k // g}`` equals XNNPACK's
+``sum_g s_g * sum_{k in g} (q_k - zp) * w_k / inv`` up to float32 rounding of the sums.
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ import numpy as np
 from edgeport_xnnpack.schema.graph import (
     FP32,
     INVALID_ID,
+    QBINT4,
     QCINT8,
     QDINT8,
     Graph,
+    PerChannelGroupQuant,
     PerChannelQuant,
     PerTokenDynamicQuant,
     TensorValue,
 )
 
-__all__ = ["DYNAMIC_ROWS", "dequantize_dynamic_filters", "dequantize_filter", "emulate_dynamic_values",
-           "quantize_rows", "row_params"]
+__all__ = ["DYNAMIC_ROWS", "bf16_to_f32", "dequantize_blockwise", "dequantize_dynamic_filters",
+           "dequantize_filter", "emulate_dynamic_values", "quantize_rows", "row_params"]
 
 
 def row_params(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,6 +86,32 @@ def dequantize_filter(data: np.ndarray, scales: np.ndarray, channel_dim: int) ->
     return (data.astype(np.float32) * s.reshape(shape)).astype(np.float32)
 
 
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as float32 (exact)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def dequantize_blockwise(packed: np.ndarray, scales: np.ndarray, dims: tuple[int, ...], group: int) -> np.ndarray:
+    """A ``qbint4`` filter ``[N, K]`` as float32: ``packed`` holds ``[N, ceil(K / 2)]`` bytes (the even input
+    channel in the low nibble, each value + 8), ``scales`` the float32 ``[N, K / group]`` block scales."""
+    if len(dims) != 2:
+        raise ValueError(f"qbint4 filter must be 2-D, got dims {list(dims)}")
+    n, k = dims
+    if group <= 0 or k % group:
+        raise ValueError(f"qbint4 filter {list(dims)}: group size {group} does not divide {k}")
+    if packed.shape != (n, (k + 1) // 2) or packed.dtype != np.uint8:
+        raise ValueError(f"qbint4 filter {list(dims)}: {packed.dtype} data of shape {list(packed.shape)}")
+    s = np.asarray(scales, np.float32).reshape(-1)
+    if s.size != n * (k // group):
+        raise ValueError(f"qbint4 filter {list(dims)} in groups of {group}: {s.size} scales")
+    vals = np.empty((n, 2 * packed.shape[1]), np.int8)
+    vals[:, 0::2] = (packed & 0xF).astype(np.int8) - 8
+    vals[:, 1::2] = (packed >> 4).astype(np.int8) - 8
+    out = vals[:, :k].astype(np.float32).reshape(n, k // group, group)
+    out *= s.reshape(n, k // group, 1)
+    return out.reshape(n, k)
+
+
 #: field set on an ``XNNConvert`` to qdint8 once :func:`emulate_dynamic_values` rewrote it (rows' trailing dims)
 DYNAMIC_ROWS = "edgeport_dynamic_rows"
 
@@ -120,9 +153,10 @@ def emulate_dynamic_values(graph: Graph) -> set[int]:
 
 
 def dequantize_dynamic_filters(graph: Graph, dynamic: set[int], values: dict[int, TensorValue],
-                               const: dict[int, np.ndarray]) -> None:
-    """After constants are loaded: the ``qcint8`` filters of fully connected nodes reading rewritten qdint8
-    values become float32 constants (``int8 * scale``). Per-channel scales must already be resolved."""
+                               const: dict[int, np.ndarray], group_scales: dict[int, np.ndarray] | None = None) -> None:
+    """After constants are loaded: the ``qcint8`` / ``qbint4`` filters of fully connected nodes reading rewritten
+    qdint8 values become float32 constants (``int8 * scale``; ``int4 * block scale``). Per-channel scales must
+    already be resolved; ``group_scales`` holds each ``qbint4`` filter's float32 block scales."""
     users: dict[int, int] = {}
     for n in graph.nodes:
         for i in n.inputs():
@@ -132,11 +166,19 @@ def dequantize_dynamic_filters(graph: Graph, dynamic: set[int], values: dict[int
             continue
         fid, bid = n.get("filter_id"), n.get("bias_id")
         v = values.get(fid)
-        if v is None or fid not in const or v.datatype != QCINT8 or not isinstance(v.quant, PerChannelQuant):
-            raise ValueError(f"fully connected over qdint8 needs a constant qcint8 filter (value {fid})")
+        blockwise = v is not None and v.datatype == QBINT4 and isinstance(v.quant, PerChannelGroupQuant)
+        if v is None or fid not in const or not blockwise and (
+                v.datatype != QCINT8 or not isinstance(v.quant, PerChannelQuant)):
+            raise ValueError(f"fully connected over qdint8 needs a constant qcint8 or qbint4 filter (value {fid})")
         if users.get(fid, 0) != 1:
-            raise ValueError(f"qcint8 filter {fid} is shared with other nodes")
+            raise ValueError(f"quantized filter {fid} is shared with other nodes")
         if bid != INVALID_ID and (bid not in const or values[bid].datatype != FP32):
             raise ValueError(f"fully connected over qdint8 needs a constant float32 bias (value {bid})")
-        const[fid] = dequantize_filter(const[fid], np.asarray(v.quant.scale, np.float32), v.quant.channel_dim)
+        if blockwise:
+            assert isinstance(v.quant, PerChannelGroupQuant)
+            if v.quant.channel_dim != 0 or group_scales is None or fid not in group_scales:
+                raise ValueError(f"qbint4 filter {fid}: channel dim {v.quant.channel_dim} (0 expected) or no scales")
+            const[fid] = dequantize_blockwise(const[fid], group_scales[fid], tuple(v.dims), v.quant.group_size)
+        else:
+            const[fid] = dequantize_filter(const[fid], np.asarray(v.quant.scale, np.float32), v.quant.channel_dim)
         values[fid] = replace(v, datatype=FP32, quant=None)

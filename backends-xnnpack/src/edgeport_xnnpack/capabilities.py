@@ -392,6 +392,7 @@ CAPABILITIES = CapabilityTable((
 
 # The quantize / dequantize rows (int8), in a table of their own: ``CAPABILITIES`` (what ``capabilities()``
 # registers) holds the float32 core ATen ops; XnnpackPartitioner uses both (``ALL_CAPABILITIES``).
+_AFFINE_DTYPES = ("float32", "int8", "int32", "int64")
 QUANTIZED_CAPABILITIES = CapabilityTable((
     OpCapability("quantized_decomposed.quantize_per_tensor.default", ("float32", "int8"),
                  constraint=_all(_quantize), notes="int8; absorbed into the int8 node before it, else "
@@ -410,6 +411,14 @@ QUANTIZED_CAPABILITIES = CapabilityTable((
                  constraint=_dynamic, notes="dynamic int8: part of the qdint8 convert"),
     OpCapability("quantized_decomposed.dequantize_per_tensor.tensor", ("int8", "float64", "int64", "float32"),
                  constraint=_dynamic, notes="dynamic int8: read only by linears (qdint8 x qcint8 fully connected)"),
+    OpCapability("torchao.choose_qparams_affine.default", _AFFINE_DTYPES, notes="torchao quantize_ "
+                 "(Int8DynamicActivationIntxWeightConfig): per-token int8 parameters, part of the qdint8 convert; "
+                 "the partitioner checks the whole linear pattern"),
+    OpCapability("torchao.quantize_affine.default", _AFFINE_DTYPES, notes="torchao quantize_: part of the "
+                 "qdint8 convert"),
+    OpCapability("torchao.dequantize_affine.default", _AFFINE_DTYPES, notes="torchao quantize_: the qdint8 "
+                 "input of a linear, or its weight (int8 per channel -> qcint8; int4 per group of 32k or per "
+                 "channel -> qbint4 with bfloat16 scales); symmetric weights only"),
 ))
 ALL_CAPABILITIES = CapabilityTable((*CAPABILITIES.ops, *QUANTIZED_CAPABILITIES.ops))
 

@@ -7,6 +7,12 @@ reason is in :attr:`rejections` after :meth:`partition`.
 Quantized graphs: a parameter may also be a ``dequantize`` of constants (an int8 weight with its scales), and a
 ``dequantize`` node is taken only when it reads constants or a quantize node that is taken too, so a delegate
 never receives an int8 input.
+
+torchao ``quantize_`` graphs (``torchao.choose_qparams_affine`` / ``quantize_affine`` / ``dequantize_affine``,
+kept whole through :meth:`~XnnpackPartitioner.ops_to_not_decompose`): a linear whose weight is a
+``dequantize_affine`` of constants is taken only as a whole dynamically quantized linear XNNPACK runs (see
+:mod:`edgeport_xnnpack.preprocess.affine_quantized`); otherwise it and its quant nodes are left out with the
+reason, and the portable kernels run their decomposition.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ from edgeport.aot.partitioner import PartitionResult
 from edgeport.backend import CompileSpec
 from edgeport_xnnpack.capabilities import ALL_CAPABILITIES, BACKEND_ID, register_quantized_ops
 from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.preprocess.affine_quantized import (
+    CHOOSE_A,
+    DQA,
+    QA,
+    affine_linear_reason,
+    affine_pattern_reason,
+)
 
 # op -> argument positions that must be constants (None = optional argument, allowed to be absent)
 _CONSTANT_ARGS = {
@@ -36,6 +49,7 @@ _CONSTANT_ARGS = {
 register_quantized_ops()
 _Q = "quantized_decomposed.quantize_per_tensor.default"
 _DQ = ("quantized_decomposed.dequantize_per_tensor.default", "quantized_decomposed.dequantize_per_channel.default")
+_AFFINE = (CHOOSE_A, QA, DQA)
 
 
 class XnnpackPartitioner(CapabilityBasedPartitioner):
@@ -60,6 +74,7 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
                          node_filter=node_filter)
         self._user_filter = node_filter
         self._constants: set[str] = set()
+        self._tensors: dict[str, torch.Tensor] = {}
 
     def _is_constant(self, a: object) -> bool:
         return isinstance(a, torch.fx.Node) and (
@@ -69,11 +84,20 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
         """A constant, or a dequantize of constants (a quantized weight)."""
         if self._is_constant(a):
             return True
-        return (isinstance(a, torch.fx.Node) and a.op == "call_function" and op_name(a.target) in _DQ
+        return (isinstance(a, torch.fx.Node) and a.op == "call_function" and op_name(a.target) in (*_DQ, DQA)
                 and all(self._is_constant(x) for x in a.all_input_nodes) and self.check_node(a) is None)
+
+    def _value_of(self, a: object) -> torch.Tensor | None:
+        """The tensor of a constant placeholder, else ``None``."""
+        if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in self._constants:
+            return self._tensors.get(a.name)
+        return None
 
     def _filter(self, node: torch.fx.Node) -> bool | str | None:
         name = op_name(node.target)
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in val.shape):
+            return f"{name}: its output has no elements (shape {list(val.shape)}); XNNPACK has no empty tensors"
         for i in _CONSTANT_ARGS.get(name, ()):
             a = node.args[i] if i < len(node.args) else None
             if a is None:
@@ -81,6 +105,15 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
             if not self._is_static(a):
                 what = getattr(a, "name", a)
                 return f"{name}: argument {i} ({what}) is not a constant (weights must be static)"
+        if name in _AFFINE:
+            why = affine_pattern_reason(node, self._value_of)
+            if why is not None:
+                return why
+        elif name == "aten.linear.default" and len(node.args) > 1 and isinstance(node.args[1], torch.fx.Node) and (
+                op_name(node.args[1].target) == DQA):
+            why = affine_linear_reason(node, self._value_of)
+            if why is not None:
+                return why
         if name in _DQ:
             src = node.args[0]
             if not self._is_constant(src) and not (
@@ -96,6 +129,7 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         self._constants = constant_placeholder_names(exported_program)
+        self._tensors = _constant_tensors(exported_program, self._constants)
         self.node_filter = self._filter
         try:
             return super().partition(exported_program)
@@ -105,5 +139,23 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        """Keep ``linear`` and ``hardswish`` whole so they reach the backend as one node each."""
-        return [torch.ops.aten.linear.default, torch.ops.aten.hardswish.default], None
+        """Keep ``linear`` and ``hardswish`` whole so they reach the backend as one node each, and torchao's
+        affine quant ops (when torchao defined them) so its quantized linears can be recognized."""
+        ops = [torch.ops.aten.linear.default, torch.ops.aten.hardswish.default]
+        for name in ("choose_qparams_affine", "quantize_affine", "dequantize_affine"):
+            try:
+                ops.append(getattr(torch.ops.torchao, name).default)
+            except (AttributeError, RuntimeError):  # torchao not imported: no graph can hold them
+                pass
+        return ops, None
+
+
+def _constant_tensors(ep: ExportedProgram, names: set[str]) -> dict[str, torch.Tensor]:
+    sig = ep.graph_signature
+    out: dict[str, torch.Tensor] = {}
+    for spec in sig.input_specs:
+        if spec.arg.name in names and isinstance(spec.target, str):
+            t = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+            if isinstance(t, torch.Tensor):
+                out[spec.arg.name] = t
+    return out

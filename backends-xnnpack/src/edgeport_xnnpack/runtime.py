@@ -31,7 +31,7 @@ from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack import native
 from edgeport_xnnpack._call import input_arrays, results_for
 from edgeport_xnnpack._constants import NP_DTYPES as _NP
-from edgeport_xnnpack._constants import NamedData, load_constant, scales_from_buffer
+from edgeport_xnnpack._constants import NamedData, group_scales, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
 from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
@@ -49,7 +49,9 @@ from edgeport_xnnpack.schema.graph import (
     FP32,
     INPUT_FIELDS,
     INVALID_ID,
+    QBINT4,
     Graph,
+    PerChannelGroupQuant,
     PerChannelQuant,
     TensorValue,
     XNode,
@@ -79,6 +81,7 @@ class _Planner:
         self.values: dict[int, TensorValue] = {}
         self.dims: dict[int, tuple[int, ...]] = {}
         self.const: dict[int, np.ndarray] = {}
+        self.group_scales: dict[int, np.ndarray] = {}  # qbint4 filters' float32 block scales
         self.products: frozenset[str] = frozenset()  # kinds of matrix products run on the host (_host_gemm)
         self.pool: native.ThreadPool | None = None
 
@@ -109,6 +112,11 @@ class _Planner:
                 self.const[v.id_out] = load_constant(self.g, self.constants, self.named, v, where)
             if isinstance(v.quant, PerChannelQuant) and not v.quant.scale and v.quant.scale_buffer_idx:
                 self.values[v.id_out] = scales_from_buffer(self.g, self.constants, self.named, v, where)
+            if (v.datatype == QBINT4) != isinstance(v.quant, PerChannelGroupQuant) or (
+                    v.datatype == QBINT4 and not v.constant_buffer_idx):
+                raise _fail(f"{where}: qbint4 values are constant filters with blockwise (group) scales")
+            if v.datatype == QBINT4:
+                self.group_scales[v.id_out] = group_scales(self.g, self.constants, self.named, v, where)
         ins.sort(key=lambda i: self.values[i].external_id)
         outs.sort(key=lambda i: self.values[i].external_id)
         in_ext = [self.values[i].external_id for i in ins]
@@ -358,9 +366,12 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
         raise RuntimeExecutionError(f"{BACKEND_ID}: {exc}") from exc
     if dynamic:
         try:
-            dequantize_dynamic_filters(graph, dynamic, planner.values, planner.const)
+            dequantize_dynamic_filters(graph, dynamic, planner.values, planner.const, planner.group_scales)
         except ValueError as exc:
             raise _fail(str(exc)) from exc
+    if any(v.datatype == QBINT4 for v in planner.values.values()):
+        raise _fail("a qbint4 filter is read by a node other than a fully connected over a qdint8 input; this "
+                    "executor runs blockwise 4-bit weights only in dynamically quantized fully connected nodes")
     threads = num_threads or options.num_threads
     pool = native.shared_pools.acquire(threads) if threads != 1 else None
     ins, outs = [(i, planner.dims[i]) for i in inputs], [(o, planner.dims[o]) for o in outputs]

@@ -68,7 +68,8 @@ def _fold_plan(graph: torch.fx.Graph, b: GraphBuilder) -> dict[torch.fx.Node, to
 
 
 def _quantized(graph: torch.fx.Graph) -> bool:
-    return any(n.op == "call_function" and "quantized_decomposed" in str(n.target) for n in graph.nodes)
+    return any(n.op == "call_function" and ("quantized_decomposed" in str(n.target) or "torchao" in str(n.target))
+               for n in graph.nodes)
 
 
 def _fold_constant(b: GraphBuilder, node: torch.fx.Node) -> bool:

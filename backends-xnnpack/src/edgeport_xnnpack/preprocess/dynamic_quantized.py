@@ -13,6 +13,10 @@ the graph's one set per tensor, so results differ from the quantized eager model
 quantization error) and an ``XNNFullyConnected`` of that value with the ``qcint8`` filter and a float32 bias,
 producing float32. The ``choose_qparams`` / ``quantize`` / ``dequantize`` nodes and the getitems emit nothing.
 Several linears reading the same dequantized input share one convert.
+
+torchao ``quantize_`` linears (``torchao.choose_qparams_affine`` / ``quantize_affine`` / ``dequantize_affine``,
+:mod:`~edgeport_xnnpack.preprocess.affine_quantized`) are lowered the same way, with a ``qcint8`` filter (int8
+per channel) or a ``qbint4`` filter (int4 per group: bfloat16 scales in the constant data, as ExecuTorch 1.5.1).
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ import torch
 
 from edgeport.aot.capability_partitioner import op_name
 from edgeport.errors import LoweringError
-from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
+from edgeport_xnnpack.preprocess.affine_quantized import (
+    BlockWeight,
+    affine_input_pattern,
+    affine_weight,
+    bf16_round,
+    pack_int4,
+)
+from edgeport_xnnpack.preprocess.builder import ALIGNMENT, NCHW, GraphBuilder, Val
 from edgeport_xnnpack.preprocess.quant_values import (
     CHOOSE,
     DQT,
@@ -41,8 +52,11 @@ from edgeport_xnnpack.preprocess.quant_values import (
 from edgeport_xnnpack.schema.graph import (
     FP32,
     INVALID_ID,
+    QBINT4,
     QCINT8,
     QDINT8,
+    ConstantDataOffset,
+    PerChannelGroupQuant,
     PerChannelQuant,
     PerTokenDynamicQuant,
 )
@@ -58,8 +72,8 @@ class DynamicLinear:
 
     node: torch.fx.Node
     x: torch.fx.Node            # the float input
-    dq: torch.fx.Node           # its dequantize_per_tensor.tensor
-    weight: Weight
+    dq: torch.fx.Node           # its dequantize_per_tensor.tensor (or torchao dequantize_affine)
+    weight: Weight | BlockWeight
     bias: torch.Tensor | None
 
 
@@ -107,15 +121,27 @@ class DynamicPlan:
             if node.op != "call_function" or op_name(node.target) != _LINEAR:
                 continue
             found = dynamic_input_pattern(node.args[0])
+            affine = found is None
+            if affine:
+                found = affine_input_pattern(node.args[0])
             if found is None:
                 continue
             x, others = found
             w_node, bias_node = node.args[1], qarg(node, 2, "bias")
-            try:
-                weight = weight_of(w_node, node)
-            except SkipInt8 as skip:
-                raise LoweringError(f"{node.name}: dynamically quantized linear with an unsupported weight: "
-                                    f"{skip}") from skip
+            weight: Weight | BlockWeight | str
+            if affine:
+                weight = affine_weight(w_node, lambda a: b.constants.get(a) if b.is_constant(a) else None)
+                if isinstance(weight, str):
+                    raise LoweringError(f"{node.name}: dynamically quantized linear with an unsupported weight: "
+                                        f"{weight}")
+                if weight.bits == 8:  # one group per row: a per-channel int8 filter
+                    weight = Weight(weight.data, weight.scales.reshape(-1), True)
+            else:
+                try:
+                    weight = weight_of(w_node, node)
+                except SkipInt8 as skip:
+                    raise LoweringError(f"{node.name}: dynamically quantized linear with an unsupported weight: "
+                                        f"{skip}") from skip
             bias = None
             if bias_node is not None:
                 if not b.is_constant(bias_node):
@@ -155,9 +181,12 @@ class DynamicPlan:
         n_out, k = w.data.shape
         if xv.shape[-1] != k:
             raise LoweringError(f"{op.node.name}: input {list(xv.shape)} does not match weight {list(w.data.shape)}")
-        scales = np.broadcast_to(w.scales.astype(np.float32).reshape(-1), (n_out,))
-        data = w.data.detach().to(torch.int8).contiguous().numpy()
-        filter_id = new_constant(b, data, QCINT8, PerChannelQuant([float(s) for s in scales], 0, 0, n_out))
+        if isinstance(w, BlockWeight):
+            filter_id = _blockwise_filter(b, w)
+        else:
+            scales = np.broadcast_to(w.scales.astype(np.float32).reshape(-1), (n_out,))
+            data = w.data.detach().to(torch.int8).contiguous().numpy()
+            filter_id = new_constant(b, data, QCINT8, PerChannelQuant([float(s) for s in scales], 0, 0, n_out))
         bias_id = INVALID_ID
         if op.bias is not None:
             bias = op.bias.detach().to(torch.float32).reshape(-1)
@@ -169,6 +198,21 @@ class DynamicPlan:
         out.id = new_value(b, FP32, list(shape), None)
         b.add("XNNFullyConnected", input1_id=qd, filter_id=filter_id, bias_id=bias_id, output_id=out.id, flags=0)
         b.set(op.node, out)
+
+
+def _blockwise_filter(b: GraphBuilder, w: BlockWeight) -> int:
+    """A ``qbint4`` filter value: packed nibbles, bfloat16 scales in their own constant data entry."""
+    n_out, k = w.data.shape
+    scales = bf16_round(w.scales.reshape(n_out, k // w.group))
+    b.data.extend(bytes(-len(b.data) % ALIGNMENT))  # the scales: a constant data entry with no value of its own
+    b.graph.constant_data.append(ConstantDataOffset(len(b.data), scales.nbytes))
+    b.data.extend(scales.tobytes())
+    scale_entry = len(b.graph.constant_data) - 1
+    packed = pack_int4(w.data.to(torch.int8).contiguous().numpy())
+    quant = PerChannelGroupQuant([], 0, w.group, scale_entry, int(scales.size))
+    fid = new_constant(b, packed, QBINT4, quant)
+    b.graph.values[fid].dims = [n_out, k]
+    return fid
 
 
 def _dequantizes_of(node: torch.fx.Node) -> list[torch.fx.Node] | str:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from edgeport.aot.capability_partitioner import op_name
+from edgeport_xnnpack.preprocess.affine_quantized import DQA
 from edgeport_xnnpack.preprocess.builder import GraphBuilder
 from edgeport_xnnpack.preprocess.dynamic_quantized import DynamicPlan
 from edgeport_xnnpack.preprocess.quant_values import DQ, DQC, DQT, Q, QOp, Weight, per_tensor_params
@@ -47,9 +48,9 @@ class QuantPlan:
         self.absorbed: dict[torch.fx.Node, QOp] = {}   # fused clamps and quantize nodes -> their op
         self.why: dict[str, str] = {}                   # op node name -> why it stays float (for debugging)
         self.dynamic: DynamicPlan | None = None
-        if not any(_is(n, Q, DQ, DQC, DQT) for n in graph.nodes):
+        if not any(_is(n, Q, DQ, DQC, DQT, DQA) for n in graph.nodes):
             return
-        if any(_is(n, DQT) for n in graph.nodes):
+        if any(_is(n, DQT, DQA) for n in graph.nodes):
             self.dynamic = DynamicPlan(graph, b, self._weight)
         for node in graph.nodes:
             if node.op != "call_function" or node in self.absorbed:

@@ -18,6 +18,7 @@ ACCEPTED_IDENTIFIERS = (b"XN00", b"XN01")
 # datatype enum (same numbers as xnnpack.h's enum xnn_datatype)
 FP32, FP16, QINT8, QUINT8, QINT32, QCINT8, QCINT32 = 1, 2, 3, 4, 5, 6, 7
 QDINT8 = 9  # int8 quantized at run time, one scale / zero point per row (dynamic quantization)
+QBINT4 = 10  # 4-bit weights, one scale per block of ``group_size`` input channels (two values per byte)
 
 # Table layouts: field name -> scalar kind, in vtable slot order. Kinds: u32, i32, f32, [u32], [f32].
 _NODE2x1 = (("input1_id", "u32"), ("input2_id", "u32"), ("output_id", "u32"), ("flags", "u32"))
@@ -110,6 +111,18 @@ class PerChannelQuant:
 
 
 @dataclass
+class PerChannelGroupQuant:
+    """Blockwise scales of a ``qbint4`` filter: ``[out_channels, in_channels / group_size]`` of them, as
+    float32 in ``scale`` or (ExecuTorch 1.5.1) bfloat16 in the constant data entry ``scale_buffer_idx``."""
+
+    scale: list[float]
+    channel_dim: int = 0
+    group_size: int = 0
+    scale_buffer_idx: int = 0
+    num_scales: int = 0
+
+
+@dataclass
 class PerTokenDynamicQuant:
     """Parameters computed at run time for each row: the trailing ``num_nonbatch_dims`` dims form a row."""
 
@@ -127,7 +140,7 @@ class TensorValue:
     external_id: int = INVALID_ID
     flags: int = 0
     dq_datatype: int = 0
-    quant: PerTensorQuant | PerChannelQuant | PerTokenDynamicQuant | None = None
+    quant: PerTensorQuant | PerChannelQuant | PerChannelGroupQuant | PerTokenDynamicQuant | None = None
     quant_kind: int = 0  # union type of unsupported quant params read from a blob (0 = none / known)
 
 

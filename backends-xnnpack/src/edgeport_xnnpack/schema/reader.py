@@ -14,6 +14,7 @@ from edgeport_xnnpack.schema.graph import (
     NODE_KINDS,
     ConstantDataOffset,
     Graph,
+    PerChannelGroupQuant,
     PerChannelQuant,
     PerTensorQuant,
     PerTokenDynamicQuant,
@@ -175,6 +176,9 @@ def _value(t: _Table, what: str) -> TensorValue:
     elif q is not None and qkind == 1:
         value.quant = PerChannelQuant(q.scalars(0, "f", f"{what}.scale") or [], q.scalar(1, "i"),
                                       q.scalar(2, "I"), q.scalar(3, "I"))
+    elif q is not None and qkind == 4:
+        value.quant = PerChannelGroupQuant(q.scalars(0, "f", f"{what}.scale") or [], q.scalar(1, "i"),
+                                           q.scalar(2, "i"), q.scalar(4, "I"), q.scalar(5, "I"))
     else:
         value.quant_kind = qkind or -1
     return value

@@ -29,6 +29,7 @@ from edgeport_xnnpack.schema.graph import (
     NODE_TYPE,
     ConstantDataOffset,
     Graph,
+    PerChannelGroupQuant,
     PerChannelQuant,
     PerTensorQuant,
     PerTokenDynamicQuant,
@@ -76,7 +77,18 @@ def _tensor_value(b: flatbuffers.Builder, v: TensorValue) -> int:
     return b.EndObject()
 
 
-def _quant(b: flatbuffers.Builder, q: PerTensorQuant | PerChannelQuant | PerTokenDynamicQuant) -> tuple[int, int]:
+def _quant(b: flatbuffers.Builder,
+           q: PerTensorQuant | PerChannelQuant | PerChannelGroupQuant | PerTokenDynamicQuant) -> tuple[int, int]:
+    if isinstance(q, PerChannelGroupQuant):  # slot 3 (scale_bf16) is deprecated: never written
+        scale = _f32_vector(b, list(q.scale)) if q.scale else 0
+        b.StartObject(6)
+        if scale:
+            b.PrependUOffsetTRelativeSlot(0, scale, 0)
+        b.PrependInt32Slot(1, q.channel_dim, 0)
+        b.PrependInt32Slot(2, q.group_size, 0)
+        b.PrependUint32Slot(4, q.scale_buffer_idx, 0)
+        b.PrependUint32Slot(5, q.num_scales, 0)
+        return 4, b.EndObject()
     if isinstance(q, PerTokenDynamicQuant):
         b.StartObject(1)
         b.PrependInt32Slot(0, q.num_nonbatch_dims, 0)
