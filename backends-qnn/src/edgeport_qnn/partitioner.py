@@ -10,6 +10,7 @@ signature (op, argument shapes, which arguments are constants, the other argumen
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,12 +72,25 @@ def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set
     finalized: some refusals, e.g. fp32 ``Gelu``, only show when the HTP prepares a graph), else the reason. The
     graph is built as ``preprocess`` will build it: on the device of ``soc_model`` (or the default one), with
     fp16 precision when ``use_fp16``."""
+    from edgeport_qnn.isolated import QnnWorkerCrash, RecordingBuilder, run_recipe
     from edgeport_qnn.preprocess.lowering import Const, Deq, Lowering, QConst, Val, static_shape
     from edgeport_qnn.preprocess.ops import LOWERINGS, QUANTIZED_LOWERINGS
     from edgeport_qnn.preprocess.ops.quant import QUANT_OPS, quant_of, quantizing_user
-    from edgeport_qnn.runtime import shared_backend
     from edgeport_qnn.sdk import QnnError
 
+    # tensors QNN cannot hold: refused here, with the reason (never an exception out of partition)
+    for a in (*node.all_input_nodes, node):
+        val = a.meta.get("val")
+        if isinstance(val, (list, tuple)):  # the outputs of a multi-output node that are read
+            used = {u.args[1] for u in a.users if u.target is operator.getitem}
+            val = [v for i, v in enumerate(val) if i in used]
+        for v in (val if isinstance(val, list) else (val,)):
+            if not isinstance(v, torch.Tensor):
+                continue
+            if any(not isinstance(d, int) for d in v.shape):
+                return f"{a.name} has a dynamic shape {tuple(v.shape)} (QNN graphs here are static)"
+            if v.numel() == 0:
+                return f"{a.name} has no elements (shape {tuple(v.shape)}); QNN tensors need positive dimensions"
     # an op between dequantizes and one quantize runs quantized: check that form (inputs with their parameters)
     quantized = (op_name(node.target) in QUANT_OPS and quantizing_user(node) is not None
                  and any(op_name(getattr(a, "target", None)) == DEQUANTIZE for a in node.all_input_nodes))
@@ -87,54 +101,57 @@ def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
-    backend = shared_backend()
+    form = " (quantized form)" if quantized else ""
     reason: str | None = None
-    with backend.create_context(soc_model) as context:
-        lowering = Lowering(context.graph_builder("validate", fp16=use_fp16), LOWERINGS)
-        lowering.quant_lowerings = QUANTIZED_LOWERINGS
-        try:
-            for i, a in enumerate(node.all_input_nodes):
-                tensor = placeholder_tensor(ep, a) if a.op == "placeholder" and a.name in constants else None
-                if tensor is not None:
-                    lowering.values[a] = Const(tensor.detach().contiguous().numpy())
-                elif _dequantized_weights(a, constants):  # its values do not matter to the backend, its scales might
-                    shape = static_shape(a)
-                    scales = placeholder_tensor(ep, a.args[1]) if a.args[1].op == "placeholder" else None
-                    scales = (tuple(float(x) for x in scales.reshape(-1)) if scales is not None
-                              else (1.0,) * shape[int(a.args[3])])
-                    wtype = np.int16 if a.args[-1] == torch.int16 else np.int8  # as the weights are stored
-                    lowering.values[a] = QConst(np.zeros(shape, np.float32), raw=np.zeros(shape, wtype),
-                                                scales=scales, zero_points=(0,) * len(scales),
-                                                axis=int(a.args[3]) % len(shape))
-                elif quantized and op_name(getattr(a, "target", None)) == DEQUANTIZE:
-                    dtype, q = quant_of(a)
-                    lowering.g.add_input(f"in_{i}", static_shape(a), dtype, q)
-                    lowering.values[a] = Deq(Val(f"in_{i}", static_shape(a), dtype=dtype, quant=q))
-                else:
-                    val = a.meta.get("val")
-                    if getattr(val, "dtype", None) != torch.float32:
-                        return f"input {a.name} is not a float32 tensor"
-                    lowering.values[a] = lowering.input(static_shape(a), f"in_{i}")
-            lowering.lower(node)
-            result = lowering.values[node]
-            for j, v in enumerate(result if isinstance(result, tuple) else (result,)):
-                if isinstance(v, Val) and v.quant is not None:
-                    v = lowering.node("Dequantize", [v.name], v.qnn_shape, nhwc=v.nhwc, logical=v.shape,
-                                      like=Val("", ()))
-                if v is not None:
-                    lowering.output_value(v, j)
-            lowering.g.finalize()  # some refusals only show when the HTP prepares the graph
-        except QnnError as exc:
-            first = str(exc).splitlines()
-            log: list[str] = []  # QNN's own words (e.g. "has incorrect Value 69, expected >= 73"), not its summary
-            for line in exc.library_log:
-                line = line.replace("<E>", "").strip()
-                if line and line not in log and "validateOpConfig failed" not in line and "Failed to validate" not in line:
-                    log.append(line)
-            reason = (f"the QNN HTP backend refuses it{' (quantized form)' if quantized else ''}: {first[0]}"
-                      + (f" ({'; '.join(log[:2])})" if log else ""))
-        except LoweringError as exc:
-            reason = f"no QNN lowering{' (quantized form)' if quantized else ''}: {exc}"
+    lowering = Lowering(RecordingBuilder("validate", fp16=use_fp16), LOWERINGS)
+    lowering.quant_lowerings = QUANTIZED_LOWERINGS
+    try:
+        for i, a in enumerate(node.all_input_nodes):
+            tensor = placeholder_tensor(ep, a) if a.op == "placeholder" and a.name in constants else None
+            if tensor is not None:
+                lowering.values[a] = Const(tensor.detach().contiguous().numpy())
+            elif _dequantized_weights(a, constants):  # its values do not matter to the backend, its scales might
+                shape = static_shape(a)
+                scales = placeholder_tensor(ep, a.args[1]) if a.args[1].op == "placeholder" else None
+                scales = (tuple(float(x) for x in scales.reshape(-1)) if scales is not None
+                          else (1.0,) * shape[int(a.args[3])])
+                wtype = np.int16 if a.args[-1] == torch.int16 else np.int8  # as the weights are stored
+                lowering.values[a] = QConst(np.zeros(shape, np.float32), raw=np.zeros(shape, wtype),
+                                            scales=scales, zero_points=(0,) * len(scales),
+                                            axis=int(a.args[3]) % len(shape))
+            elif quantized and op_name(getattr(a, "target", None)) == DEQUANTIZE:
+                dtype, q = quant_of(a)
+                lowering.g.add_input(f"in_{i}", static_shape(a), dtype, q)
+                lowering.values[a] = Deq(Val(f"in_{i}", static_shape(a), dtype=dtype, quant=q))
+            else:
+                val = a.meta.get("val")
+                if getattr(val, "dtype", None) != torch.float32:
+                    return f"input {a.name} is not a float32 tensor"
+                lowering.values[a] = lowering.input(static_shape(a), f"in_{i}")
+        lowering.lower(node)
+        result = lowering.values[node]
+        for j, v in enumerate(result if isinstance(result, tuple) else (result,)):
+            if isinstance(v, Val) and v.quant is not None:
+                v = lowering.node("Dequantize", [v.name], v.qnn_shape, nhwc=v.nhwc, logical=v.shape,
+                                  like=Val("", ()))
+            if v is not None:
+                lowering.output_value(v, j)
+        # validated node by node, then finalized: some refusals only show when the HTP prepares the graph
+        run_recipe(lowering.g.recipe, soc_model, want_binary=False, what=f"a check of {node.name} ({op_name(node.target)})")
+    except QnnWorkerCrash as exc:
+        reason = f"checking it on the QNN HTP backend crashed Qualcomm's library{form}: {str(exc).splitlines()[0]}"
+    except QnnError as exc:
+        first = str(exc).splitlines()
+        log: list[str] = []  # QNN's own words (e.g. "has incorrect Value 69, expected >= 73"), not its summary
+        for line in exc.library_log:
+            line = line.replace("<E>", "").strip()
+            if line and line not in log and "validateOpConfig failed" not in line and "Failed to validate" not in line:
+                log.append(line)
+        reason = f"the QNN HTP backend refuses it{form}: {first[0]}" + (f" ({'; '.join(log[:2])})" if log else "")
+    except LoweringError as exc:
+        reason = f"no QNN lowering{form}: {exc}"
+    except (ValueError, TypeError) as exc:  # a tensor or parameter QNN cannot express
+        reason = f"no QNN lowering{form}: {exc}"
     with _CACHE_LOCK:
         _CACHE[key] = reason
     return reason

@@ -17,6 +17,11 @@ def mean_dim(lw: Lowering, node: torch.fx.Node) -> Val:
     out = static_shape(node)
     # reduce with keep_dims (QNN's HTP prepares that form reliably), then reshape away the reduced dimensions;
     # an NHWC input stays NHWC when the kept dimensions are in the same order in both layouts
+    # a 4-D mean over H and W (not C) always runs NHWC: in NCHW (QNN axes 2, 3, the last two) a FullyConnected or
+    # MatMul after it fails to prepare (graphFinalize: QNN_COMMON_ERROR_MEM_ALLOC; HF ResNet's pooler -> classifier)
+    spatial = rank == 4 and {2, 3} <= set(dims) and 1 not in dims
+    if spatial and not v.nhwc:
+        v = lw.nhwc(v)
     if v.nhwc and (keep or {2, 3} <= set(dims)):
         axes = sorted(NCHW_TO_NHWC.index(d) for d in dims)
         kept = tuple(1 if d in dims else v.shape[d] for d in range(rank))
