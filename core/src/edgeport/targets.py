@@ -142,6 +142,12 @@ def _quantize(ep: Any, profile: TargetProfile, example_inputs: tuple[Any, ...],
     return torch.export.export(converted, example_inputs), quantizer.report
 
 
+def partitioners_for(target: str | TargetProfile | None = "cpu", backends: Sequence[str] | None = None) -> list[Any]:
+    """The partitioners of a target profile (or of ``backends``, ids in priority order), each with the profile's
+    options: what ``to_edge_transform_and_lower(ep, partitioner=...)`` takes."""
+    return _partitioners(resolve_profile(target, backends))
+
+
 def _partitioners(profile: TargetProfile) -> list[Any]:
     parts = []
     for choice in profile.backends:
