@@ -95,9 +95,11 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
 
     def _filter(self, node: torch.fx.Node) -> bool | str | None:
         name = op_name(node.target)
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in val.shape):
-            return f"{name}: its output has no elements (shape {list(val.shape)}); XNNPACK has no empty tensors"
+        for arg in (node, *node.all_input_nodes):
+            val = arg.meta.get("val")
+            if isinstance(val, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in val.shape):
+                return (f"{name}: {'its output' if arg is node else arg.name} has no elements (shape "
+                        f"{list(val.shape)}); XNNPACK has no empty tensors")
         for i in _CONSTANT_ARGS.get(name, ()):
             a = node.args[i] if i < len(node.args) else None
             if a is None:
