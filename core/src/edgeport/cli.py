@@ -7,6 +7,8 @@
     edgeport inspect PROGRAM.pte                    what a program holds: methods, instructions, delegates, data
     edgeport validate PROGRAM.pte --reference F     numerical errors per partition against eager PyTorch
     edgeport view PROGRAM.pte -o report.html        the graph as an HTML page: partitions, timings, memory
+    edgeport export-llm CHECKPOINT_DIR -o M.pte     a Hugging Face decoder with its KV cache (optionally 8da4w)
+    edgeport generate M.pte --tokenizer T --prompt  generate text on edgeport's runtime, streamed, with stats
     edgeport <plugin command> ...                   subcommands backends add (edgeport_register_commands)
 
 Environment switches (read when plugins are first loaded):
@@ -372,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     configure_lower_command(sub.add_parser("lower", help="export, quantize and lower a model for a target profile "
                                            "(several backends in one program) to a .pte (docs/multi-backend.md)"))
     configure_run_command(sub.add_parser("run", help="run a .pte on edgeport's runtime: outputs and latency"))
+    from edgeport.llm.cli import configure_export_llm_command, configure_generate_command
+
+    configure_export_llm_command(sub.add_parser("export-llm", help="export a Hugging Face decoder checkpoint "
+                                                "(KV cache as state, optional 8da4w) to a .pte"))
+    configure_generate_command(sub.add_parser("generate", help="generate text with a .pte from export-llm, "
+                                              "streaming it, with time-to-first-token and tokens/s"))
     _add_plugin_commands(sub)
     return parser
 

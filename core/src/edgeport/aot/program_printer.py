@@ -50,7 +50,7 @@ def format_program(program: S.Program, verbose: bool = False) -> str:
                 a = ins.instr_args
                 if isinstance(a, S.KernelCall):
                     op = plan.operators[a.op_index]
-                    lines.append(f"  [{k}] {op.name}.{op.overload}({', '.join(f'%{x}' for x in a.args)})")
+                    lines.append(f"  [{k}] {op.name}{'.' + op.overload if op.overload else ''}({', '.join(f'%{x}' for x in a.args)})")
                 elif isinstance(a, S.DelegateCall):
                     d = plan.delegates[a.delegate_index]
                     lines.append(f"  [{k}] delegate {d.id}({', '.join(f'%{x}' for x in a.args)})")
@@ -73,7 +73,7 @@ def delegation_summary(program: S.Program, memory_reports: Sequence[Any] = (),
                     delegated[plan.delegates[a.delegate_index].id] += 1
                 elif isinstance(a, S.KernelCall):
                     op = plan.operators[a.op_index]
-                    kernels[f"{op.name}.{op.overload}"] += 1
+                    kernels[op.name + ("." + op.overload if op.overload else "")] += 1
         total = sum(delegated.values()) + sum(kernels.values())
         lines.append(f"method {plan.name!r}: {total} instructions, {sum(delegated.values())} delegate calls, "
                      f"{sum(kernels.values())} portable kernel calls")

@@ -1,0 +1,97 @@
+"""8da4w decoders (torchao ``quantize_``) lowered to XNNPACK, and ExecuTorch's own stateful decoder program on
+edgeport's runtime.
+
+Oracles: the torchao-quantized eager model (teacher-forced top-1 agreement and logits SQNR), and eager PyTorch for
+ExecuTorch's program.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("torchao")
+pytest.importorskip("edgeport_xnnpack")
+
+from edgeport.llm import export_decoder  # noqa: E402
+from edgeport.llm.export import _quantize  # noqa: E402
+from edgeport.runtime import Runtime  # noqa: E402
+from edgeport.testing.decoders import DECODERS, greedy_reference  # noqa: E402
+from edgeport.testing.stock_runtime import run_steps  # noqa: E402
+
+CONTEXT = 48
+STEPS = 36
+
+
+def _tokens() -> list[int]:
+    return [int(t) for t in np.random.default_rng(0).integers(3, 128, size=STEPS)]
+
+
+def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / max(np.sum((ref - got) ** 2.0), 1e-30)))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def quantized(request):
+    """(name, program bytes, torchao-quantized eager logits per teacher-forced step)."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model = DECODERS[request.param]()
+    exported = export_decoder(copy.deepcopy(model), max_seq_len=16, max_context_len=CONTEXT, quantize="8da4w",
+                              group_size=32)
+    reference = copy.deepcopy(model)
+    _quantize(reference, "8da4w", None, 32)
+    module = TorchExportableModuleForDecoderOnlyLM(reference, batch_size=1, max_cache_len=CONTEXT).model
+    with torch.no_grad():
+        logits = [module(input_ids=torch.tensor([[t]]), cache_position=torch.tensor([i]))[0, -1].numpy()
+                  for i, t in enumerate(_tokens())]
+    return request.param, exported.manager.buffer, logits
+
+
+def _steps() -> list[list[np.ndarray]]:
+    return [[np.array([[t]], dtype=np.int64), np.array([i], dtype=np.int64)] for i, t in enumerate(_tokens())]
+
+
+def test_8da4w_matches_the_torchao_model_on_edgeport_runtime(quantized):
+    name, pte, reference = quantized
+    method = Runtime.get().load_program(pte).load_method(backend_options={"XnnpackBackend": {"num_threads": 1}})
+    got = [method.execute(step)[0][0, -1] for step in _steps()]
+    agree = np.mean([np.argmax(r) == np.argmax(g) for r, g in zip(reference, got)])
+    sqnr = min(_sqnr(r, g) for r, g in zip(reference, got))
+    assert agree >= 0.95, f"{name}: top-1 agreement {agree:.2%}"
+    assert sqnr > 25, f"{name}: worst-step logits SQNR {sqnr:.1f} dB"
+
+
+def test_8da4w_runs_on_the_stock_runtime(quantized):
+    name, pte, reference = quantized
+    result = run_steps(pte, _steps())
+    assert result.ok, result.describe() + "\n" + result.log
+    got = [outs[0][0, -1] for outs in result.outputs]
+    agree = np.mean([np.argmax(r) == np.argmax(g) for r, g in zip(reference, got)])
+    assert agree >= 0.95, f"{name}: top-1 agreement on the stock runtime {agree:.2%}"
+
+
+def test_edgeport_runs_executorch_s_stateful_decoder_with_eager_tokens():
+    """ExecuTorch 1.5.1 lowers the same exported module with its XnnpackPartitioner; edgeport's runtime generates
+    the eager tokens with it."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from edgeport.llm import GenerationConfig, LlmMetadata, TextRunner
+
+    prompt, new = [1, 17, 42, 9, 100], 24
+    reference = greedy_reference(DECODERS["llama"](), prompt, new, CONTEXT)
+    wrapper = TorchExportableModuleForDecoderOnlyLM(DECODERS["llama"](), batch_size=1, max_cache_len=CONTEXT)
+    seq = torch.export.Dim("seq_len", min=1, max=16)
+    ep = wrapper.export(input_ids=torch.zeros((1, 4), dtype=torch.long), cache_position=torch.arange(4),
+                        dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}})
+    metadata = LlmMetadata(max_seq_len=16, max_context_len=CONTEXT, vocab_size=128, bos_id=1, eos_ids=(2,))
+    pte = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()],
+                                      constant_methods=metadata.constant_methods()).to_executorch().buffer
+    runner = TextRunner(pte, backend_options={"XnnpackBackend": {"num_threads": 1}})
+    assert runner.generate(prompt, GenerationConfig(max_new_tokens=new, stop_on_eos=False)).tokens == reference
