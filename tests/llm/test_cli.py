@@ -77,3 +77,30 @@ def test_generate_bad_input(checkpoint, tmp_path, capsys):
     assert main(["generate", str(tmp_path / "missing.pte"), "--tokenizer", str(root / "tokenizer.json"),
                  "--prompt", "w1"]) == 2
     assert "no program" in capsys.readouterr().err
+
+
+def test_weights_apart_from_the_program_both_runtimes(checkpoint, tmp_path):
+    """--weights-file: XNNPACK's weights land in TAG.ptd (ExecuTorch's delegate constant tags); edgeport's runtime
+    and the stock runtime load the pair and give the eager tokens."""
+    import numpy as np
+
+    from edgeport.llm import GenerationConfig, TextRunner
+    from edgeport.testing.stock_runtime import run_steps
+
+    root, model, _ = checkpoint
+    pte = tmp_path / "model.pte"
+    assert main(["export-llm", str(root / "ckpt"), "--max-seq-len", "8", "--max-context-len", "40",
+                 "--weights-file", "llama_weights", "-o", str(pte)]) == 0
+    ptd = tmp_path / "llama_weights.ptd"
+    assert ptd.stat().st_size > 4 * sum(p.numel() for p in model.model.layers.parameters()) // 2
+    assert pte.stat().st_size < ptd.stat().st_size
+    prompt = [1, 7, 19, 33]
+    reference = greedy_reference(model, prompt, 10, 40)
+    runner = TextRunner(str(pte), data_path=str(ptd))
+    assert runner.generate(prompt, GenerationConfig(max_new_tokens=10, stop_on_eos=False)).tokens == reference
+    steps = [[np.array([prompt], dtype=np.int64), np.arange(len(prompt), dtype=np.int64)]]
+    steps += [[np.array([[t]], dtype=np.int64), np.array([len(prompt) + i], dtype=np.int64)]
+              for i, t in enumerate(reference[:-1])]
+    result = run_steps(pte.read_bytes(), steps, data=ptd.read_bytes())
+    assert result.ok, result.describe() + "\n" + result.log
+    assert [int(np.argmax(o[0][0, -1])) for o in result.outputs] == reference

@@ -25,6 +25,8 @@ def configure_export_llm_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=128, help="most tokens per forward call (prefill chunk)")
     p.add_argument("--max-context-len", type=int, help="KV-cache length (default: --max-seq-len)")
     p.add_argument("--target", default="cpu", help="target profile (default: cpu = XNNPACK)")
+    p.add_argument("--weights-file", metavar="TAG", help="store the delegates' weights in TAG.ptd beside the .pte "
+                   "(give it to generate with --data-path)")
     p.set_defaults(func=run_export_llm)
 
 
@@ -60,9 +62,10 @@ def run_export_llm(args: argparse.Namespace) -> int:
     try:
         exported = export_llm(args.checkpoint, max_seq_len=args.max_seq_len, max_context_len=args.max_context_len,
                               quantize=args.quantize, quantize_embedding=args.quantize_embedding,
-                              group_size=args.group_size, target=args.target, progress=show)
+                              group_size=args.group_size, target=args.target, weights_file=args.weights_file,
+                              progress=show)
         show("write")
-        exported.save(args.output)
+        paths = exported.save(args.output)
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"\nedgeport export-llm: {exc}", file=sys.stderr)
         return 2
@@ -70,7 +73,7 @@ def run_export_llm(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     size = len(exported.manager.buffer)
     m = exported.metadata
-    print(f"wrote {args.output}: {size / 2**20:.1f} MiB, context {m.max_context_len} tokens, prefill chunk "
+    print(f"wrote {', '.join(paths)}: program {size / 2**20:.1f} MiB, context {m.max_context_len} tokens, prefill chunk "
           f"{m.max_seq_len}, vocabulary {m.vocab_size}, eos {list(m.eos_ids)}")
     return 0
 

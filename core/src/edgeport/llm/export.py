@@ -34,8 +34,11 @@ class ExportedLlm:
     manager: Any
     metadata: LlmMetadata
 
-    def save(self, path: str) -> None:
+    def save(self, path: str) -> list[str]:
+        """Write the ``.pte`` to ``path`` and, when the weights are stored apart, their ``.ptd`` beside it;
+        returns the paths written."""
         self.manager.save(path)
+        return [path, *self.manager.write_tensor_data_to_file(os.path.dirname(os.path.abspath(path)))]
 
 
 def _stage(progress: Callable[[str], None] | None, text: str) -> None:
@@ -119,11 +122,14 @@ def _eos_ids(model: Any) -> list[int]:
 
 def export_decoder(model: Any, *, max_seq_len: int = 128, max_context_len: int | None = None,
                    quantize: str | None = None, quantize_embedding: str | None = None, group_size: int = 32,
-                   target: str = "cpu", backends: Sequence[str] | None = None,
+                   target: str = "cpu", backends: Sequence[str] | None = None, weights_file: str | None = None,
                    progress: Callable[[str], None] | None = None) -> ExportedLlm:
     """Export a Hugging Face causal LM (``model``) with a static KV cache of ``max_context_len`` positions,
     prefill of up to ``max_seq_len`` tokens per call, quantize it (``quantize``: :data:`QUANTIZATION_SCHEMES`),
-    lower it for ``target`` (default: XNNPACK) and add ExecuTorch's LLM metadata methods."""
+    lower it for ``target`` (default: XNNPACK) and add ExecuTorch's LLM metadata methods.
+
+    ``weights_file``: a tag; the delegates' weights go to ``<tag>.ptd`` (ExecuTorch's delegate constant tags),
+    shipped and updated apart from the program, loaded with ``data_path=``."""
     import torch
 
     from edgeport.aot.edge import to_edge_transform_and_lower
@@ -160,6 +166,14 @@ def export_decoder(model: Any, *, max_seq_len: int = 128, max_context_len: int |
     except Exception as exc:
         raise ExportError(f"torch.export of {type(model).__name__} with a static cache failed: "
                           f"{type(exc).__name__}: {exc}") from exc
+    if weights_file is not None:
+        from edgeport.aot.passes.external_constants import tag_delegate_constants
+        from edgeport.aot.passes.state import mutated_buffers
+
+        if not isinstance(weights_file, str) or not weights_file or "/" in weights_file:
+            raise ValueError(f"weights_file must be a file tag such as 'model_weights', got {weights_file!r}")
+        state = set(mutated_buffers(ep))  # the KV cache is state, never external weights
+        tag_delegate_constants(ep, lambda node: None if node.name in state else weights_file)
     eos = _eos_ids(model)
     bos = getattr(model.config, "bos_token_id", None)
     metadata = LlmMetadata(max_seq_len=max_seq_len, max_context_len=context, vocab_size=int(config.vocab_size),
