@@ -1,0 +1,264 @@
+"""LLM generation: edgeport's flow against ExecuTorch's and eager PyTorch, side by side in one run.
+
+For each size (``medium``: Llama-style, hidden 512 x 4 layers; ``1b``: Llama-3.2-1B's shapes, random weights) and
+each scheme (fp32, 8da4w with group 32), the same Hugging Face decoder (``edgeport.testing.decoders``) is exported
+once with its static KV cache and lowered by both frameworks with their XNNPACK partitioners. Then, each in its own
+child process (so its peak RSS is its own), interleaved over ``--rounds``:
+
+* ``edgeport``: edgeport's program on edgeport's runtime;
+* ``et``: ExecuTorch's program on ExecuTorch's runtime (its Python bindings);
+* ``edgeport-on-et``: edgeport's program on ExecuTorch's runtime;
+* ``eager``: the same static-cache module in eager PyTorch (fp32 and torchao-quantized).
+
+Each child prefills a ``--prompt``-token prompt in one call, then greedily decodes ``--new`` tokens; it reports
+time to first token, prefill and decode tokens/s (medians over rounds) and its peak RSS. Lowering time and
+``.pte`` size come from the parent. All contenders run with ``--threads`` threads (default 1).
+
+ExecuTorch's tuned LLM flow (its custom SDPA / KV-cache ops and ``_llm_runner``) is not a contender yet: it needs
+the model rewritten with ExecuTorch's attention module, which the Hugging Face export path does not do.
+
+Usage::
+
+    python bench/llm.py                         # markdown on stdout
+    python bench/llm.py --sizes medium,1b --write-report
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from xnnpack_bench.machine import cpu_model, loadavg  # noqa: E402
+
+SECTION_TITLE = "## LLM generation"
+CONTENDERS = ("edgeport", "et", "edgeport-on-et", "eager")
+
+
+def _flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                keep = [f for f in flags if re.match(r"avx|fma|f16c|amx|vnni", f)]
+                return " ".join(keep)
+    except OSError:
+        pass
+    return "unknown"
+
+
+# -- parent: build programs ----------------------------------------------------------------------------------
+def build(size: str, scheme: str, context: int, chunk: int, work: Path) -> dict[str, Any]:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner as EtXnnpack
+    from executorch.exir import to_edge_transform_and_lower as et_lower
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from edgeport.llm import export_decoder
+    from edgeport.llm.export import _quantize
+    from edgeport.testing.decoders import DECODERS
+
+    model = DECODERS["llama"](seed=0, size=size)
+    quant = None if scheme == "fp32" else scheme
+    t = time.perf_counter()
+    ours = export_decoder(copy.deepcopy(model), max_seq_len=chunk, max_context_len=context, quantize=quant)
+    ours_pte = ours.manager.buffer
+    ours_s = time.perf_counter() - t
+    t = time.perf_counter()
+    theirs_model = copy.deepcopy(model)
+    _quantize(theirs_model, quant, None, 32)
+    wrapper = TorchExportableModuleForDecoderOnlyLM(theirs_model, batch_size=1, max_cache_len=context)
+    seq = torch.export.Dim("seq_len", min=1, max=chunk)
+    ep = wrapper.export(input_ids=torch.zeros((1, 4), dtype=torch.long), cache_position=torch.arange(4),
+                        dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}})
+    et_pte = et_lower(ep, partitioner=[EtXnnpack()],
+                      constant_methods=ours.metadata.constant_methods()).to_executorch().buffer
+    et_s = time.perf_counter() - t
+    paths = {"edgeport": work / f"{size}-{scheme}-edgeport.pte", "et": work / f"{size}-{scheme}-et.pte"}
+    paths["edgeport"].write_bytes(ours_pte)
+    paths["et"].write_bytes(et_pte)
+    eager_path = work / f"{size}-{scheme}-eager.pt"
+    torch.save({"size": size, "scheme": scheme}, eager_path)
+    return {"lower_s": {"edgeport": ours_s, "et": et_s}, "pte_bytes": {"edgeport": len(ours_pte), "et": len(et_pte)},
+            "paths": {k: str(v) for k, v in paths.items()}, "vocab": ours.metadata.vocab_size}
+
+
+# -- child: one contender --------------------------------------------------------------------------------------
+def _stepper(contender: str, args: argparse.Namespace) -> Any:
+    import numpy as np
+
+    if contender == "edgeport":
+        from edgeport.runtime import Runtime
+
+        method = Runtime.get().load_program(args.pte).load_method(
+            backend_options={"XnnpackBackend": {"num_threads": args.threads}})
+        return lambda ids, pos: method.execute([ids, pos])[0]
+    if contender in ("et", "edgeport-on-et"):
+        import torch
+        from executorch.extension.pybindings import portable_lib
+        from executorch.runtime import Runtime
+
+        if hasattr(portable_lib, "_unsafe_reset_threadpool"):
+            portable_lib._unsafe_reset_threadpool(args.threads)
+        method = Runtime.get().load_program(args.pte).load_method("forward")
+        return lambda ids, pos: method.execute([torch.from_numpy(ids), torch.from_numpy(pos)])[0].numpy()
+    import torch
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from edgeport.llm.export import _quantize
+    from edgeport.testing.decoders import DECODERS
+
+    torch.set_num_threads(args.threads)
+    model = DECODERS["llama"](seed=0, size=args.size)
+    _quantize(model, None if args.scheme == "fp32" else args.scheme, None, 32)
+    module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=args.context).model
+
+    def step(ids: Any, pos: Any) -> Any:
+        with torch.no_grad():
+            return module(input_ids=torch.from_numpy(ids), cache_position=torch.from_numpy(pos)).numpy()
+
+    _ = np
+    return step
+
+
+def child(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    step = _stepper(args.contender, args)
+    prompt = np.random.default_rng(0).integers(3, args.vocab, size=args.prompt).astype(np.int64)
+    results = []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        logits = step(prompt.reshape(1, -1), np.arange(args.prompt, dtype=np.int64))
+        token = int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))
+        ttft = time.perf_counter() - t0
+        tokens = [token]
+        t1 = time.perf_counter()
+        for i in range(args.new - 1):
+            logits = step(np.array([[token]], dtype=np.int64), np.array([args.prompt + i], dtype=np.int64))
+            token = int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))
+            tokens.append(token)
+        decode = time.perf_counter() - t1
+        results.append({"ttft_s": ttft, "prefill_tps": args.prompt / ttft, "decode_tps": (args.new - 1) / decode,
+                        "tokens": tokens})
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"runs": results, "peak_rss": rss}))
+
+
+def run_child(contender: str, size: str, scheme: str, pte: str | None, args: argparse.Namespace,
+              vocab: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", contender, "--size", size, "--scheme", scheme, "--pte", pte or "",
+           "--threads", str(args.threads), "--prompt", str(args.prompt), "--new", str(args.new), "--rounds", "1",
+           "--context", str(args.context), "--vocab", str(vocab)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {"error": (out.stderr or "")[-800:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="medium")
+    ap.add_argument("--schemes", default="fp32,8da4w")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--write-report", action="store_true")
+    ap.add_argument("--child", choices=CONTENDERS)
+    ap.add_argument("--size", default="medium")
+    ap.add_argument("--scheme", default="fp32")
+    ap.add_argument("--pte", default="")
+    ap.add_argument("--vocab", type=int, default=0)
+    args = ap.parse_args()
+    if args.child:
+        args.contender = args.child
+        child(args)
+        return
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgeport-llm-bench-") as tmp:
+        for size in args.sizes.split(","):
+            for scheme in args.schemes.split(","):
+                built = build(size, scheme, args.context, args.prompt, Path(tmp))
+                runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
+                rss: dict[str, int] = {}
+                errors: dict[str, str] = {}
+                for _ in range(args.rounds):
+                    for contender in CONTENDERS:
+                        pte = built["paths"].get("edgeport" if contender == "edgeport-on-et" else contender)
+                        res = run_child(contender, size, scheme, pte, args, built["vocab"])
+                        if "error" in res:
+                            errors[contender] = res["error"]
+                            continue
+                        runs[contender] += res["runs"]
+                        rss[contender] = max(rss.get(contender, 0), res["peak_rss"])
+                rows.append((size, scheme, built, runs, rss, errors))
+                print(f"done {size} {scheme}", file=sys.stderr)
+    text = report(rows, args)
+    print(text)
+    if args.write_report:
+        write_report(text)
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs) if runs else float("nan")
+
+
+def report(rows: list[Any], args: argparse.Namespace) -> str:
+    lines = [SECTION_TITLE, "",
+             f"Measured {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC on {cpu_model()} ({os.cpu_count()} cores, "
+             f"load average {loadavg()}), flags: {_flags()}; Python {platform.python_version()}; "
+             f"{args.threads} thread(s); prompt {args.prompt} tokens in one prefill call, {args.new} new tokens "
+             f"greedy, KV cache {args.context}; medians of {args.rounds} rounds, contenders interleaved, each in its "
+             "own process. `python bench/llm.py` (see its docstring).", "",
+             "| size | scheme | contender | decode tok/s | vs ET | prefill tok/s | TTFT ms | peak RSS MiB | "
+             ".pte MiB | lowering s | tokens = eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size, scheme, built, runs, rss, errors in rows:
+        et_decode = _median(runs["et"], "decode_tps")
+        eager_tokens = runs["eager"][0]["tokens"] if runs["eager"] else None
+        for c in CONTENDERS:
+            if c in errors and not runs[c]:
+                lines.append(f"| {size} | {scheme} | {c} | error: {errors[c].strip().splitlines()[-1][:80]} |"
+                             + " |" * 7)
+                continue
+            decode = _median(runs[c], "decode_tps")
+            prog = "edgeport" if c in ("edgeport", "edgeport-on-et") else c
+            pte = built["pte_bytes"].get(prog)
+            lower = built["lower_s"].get(prog)
+            same = "-" if eager_tokens is None or c == "eager" else (
+                "yes" if runs[c][0]["tokens"] == eager_tokens else "no")
+            lines.append(
+                f"| {size} | {scheme} | {c} | {decode:.1f} | {decode / et_decode:.2f}x | "
+                f"{_median(runs[c], 'prefill_tps'):.0f} | {_median(runs[c], 'ttft_s') * 1e3:.1f} | "
+                f"{rss.get(c, 0) / 2**20:.0f} | {'-' if pte is None else f'{pte / 2**20:.1f}'} | "
+                f"{'-' if lower is None else f'{lower:.1f}'} | {same} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(text: str) -> None:
+    path = BENCH_DIR / "REPORT.md"
+    old = path.read_text()
+    pattern = re.compile(rf"^{re.escape(SECTION_TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
+    new = pattern.sub(text + "\n", old) if pattern.search(old) else old.rstrip() + "\n\n" + text + "\n"
+    path.write_text(new)
+
+
+if __name__ == "__main__":
+    main()
