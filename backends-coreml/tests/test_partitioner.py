@@ -16,7 +16,7 @@ class AlphaAdd(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(x)
         z = torch.add(y, x, alpha=2.0)  # Core ML has no scaled add
-        return torch.sigmoid(z) * torch.cumsum(x, 1)  # cumsum is not in the table
+        return torch.sigmoid(z) * torch.flip(x, [1])  # flip is not in the table
 
 
 def _partition(model, x, **kw):
@@ -31,7 +31,7 @@ def test_rejections_have_reasons():
     assert len(result.partition_tags) >= 1
     reasons = p.rejections
     assert any("alpha != 1" in why for why in reasons.values()), reasons
-    assert any("aten.cumsum.default is not in the CoreMLBackend capability table" in why
+    assert any("aten.flip.default is not in the CoreMLBackend capability table" in why
                for why in reasons.values()), reasons
 
 
@@ -71,14 +71,38 @@ def test_registry_entry():
     assert isinstance(spec.partitioner(), CoreMLPartitioner)
 
 
-def test_conversion_error_is_a_lowering_error(monkeypatch):
-    """A partition coremltools cannot convert fails lowering with coremltools' reason."""
+@pytest.fixture
+def broken_relu(monkeypatch):
+    """coremltools' relu converter raises (conversions cached before and after are forgotten)."""
     from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    from edgeport_coreml.verify import clear_conversion_cache
 
     def broken(context, node):
         raise ValueError("no converter today")
 
+    clear_conversion_cache()
     monkeypatch.setitem(_TORCH_OPS_REGISTRY.name_to_func_mapping, "relu", broken)
+    yield
+    clear_conversion_cache()
+
+
+def test_a_node_coremltools_cannot_convert_is_refused_with_its_words(broken_relu):
+    """The partition shrinks: the failing node stays on the CPU, the reason is coremltools' message, the rest is
+    delegated and the lowering succeeds."""
+    model, x = build("mlp")
+    p = CoreMLPartitioner()
+    edge = to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[p])
+    assert list(p.rejections) == ["relu"], p.rejections
+    assert "could not convert" in p.rejections["relu"] and "no converter today" in p.rejections["relu"]
+    left = [n.name for n in edge.exported_program().graph.nodes
+            if n.op == "call_function" and "delegate" not in str(n.target) and "getitem" not in str(n.target)]
+    assert left == ["relu"]
+
+
+def test_without_verification_a_conversion_error_is_a_lowering_error(broken_relu):
     model, x = build("mlp")
     with pytest.raises(LoweringError, match="coremltools 9.0 could not convert the partition.*no converter today"):
-        to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[CoreMLPartitioner()])
+        to_edge_transform_and_lower(torch.export.export(model, (x,)),
+                                    partitioner=[CoreMLPartitioner(verify_conversion=False)])
+

@@ -13,6 +13,12 @@ deployment target has Core ML state (iOS18 and newer): the buffer becomes a stat
 the program (the core's capability partitioner option of the same name). Below iOS18 the buffer stays a program
 buffer, read and written around the delegate.
 
+Each partition is converted by coremltools as it is tagged (``verify_conversion=True``, the default; the result
+is cached, so ``preprocess`` does not convert it again): when coremltools fails, the node that makes it fail is
+rejected with coremltools' words (:mod:`edgeport_coreml.verify`) and the graph is tagged again, so a conversion
+failure shrinks the partition instead of failing the lowering. After ``max_refusals`` such rounds, every node of a
+partition that still fails is rejected.
+
 pt2e ``quantize_per_tensor`` / ``dequantize_per_tensor`` / ``dequantize_per_channel`` nodes are claimed by the
 table's own rules (coremltools converts them as patterns and its probe says no); activation quantization needs an
 iOS17+ target, per-channel dequantization constant inputs.
@@ -32,6 +38,7 @@ from edgeport.backend import CompileSpec
 from edgeport.errors import LoweringError
 from edgeport_coreml.capabilities import KNOWN_BAD, QUANT_OPS, capabilities
 from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
+from edgeport_coreml.verify import refuse_unconvertible
 
 
 def _frontend_supports(node: torch.fx.Node) -> bool | None:
@@ -56,7 +63,7 @@ class CoreMLPartitioner(CapabilityBasedPartitioner):
     def __init__(self, compile_specs: Sequence[CompileSpec] | CoreMLCompileSpec | None = None, *,
                  skip_ops_for_coreml_delegation: Sequence[str] | None = None, lower_full_graph: bool = False,
                  take_over_mutable_buffer: bool = True, take_over_constant_data: bool = True,
-                 min_partition_size: int = 1) -> None:
+                 min_partition_size: int = 1, verify_conversion: bool = True, max_refusals: int = 8) -> None:
         if isinstance(compile_specs, CoreMLCompileSpec):
             options = compile_specs
         else:
@@ -78,13 +85,18 @@ class CoreMLPartitioner(CapabilityBasedPartitioner):
         #: the core partitioner's switch: only targets with Core ML state can own a buffer
         self.take_over_mutable_buffer = take_over_mutable_buffer and options.deployment_target_value >= 9
         self.take_over_constant_data = take_over_constant_data
+        self.verify_conversion = verify_conversion
+        self.max_refusals = max_refusals
         self._constants: set[str] = set()
+        self._refused: dict[str, str] = {}  # node name -> coremltools' error (this partition() call)
 
     def _filter(self, node: torch.fx.Node) -> bool | str:
         name = op_name(node.target)
         short = str(getattr(node.target, "__name__", "")).lower()
         if name in self.skip_ops_for_coreml_delegation or short in self.skip_ops_for_coreml_delegation:
             return f"{name}: listed in skip_ops_for_coreml_delegation"
+        if node.name in self._refused:
+            return f"{name}: {self._refused[node.name]}"
         if name in KNOWN_BAD:
             return f"{name}: {KNOWN_BAD[name]}"
         if name in QUANT_OPS:
@@ -108,7 +120,17 @@ class CoreMLPartitioner(CapabilityBasedPartitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         sig = exported_program.graph_signature
         self._constants = {*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants}
+        self._refused = {}
         result = super().partition(exported_program)
+        rounds = 0
+        while self.verify_conversion and result.partition_tags:
+            refused = refuse_unconvertible(exported_program, self.compile_options,
+                                           whole_partitions=rounds >= self.max_refusals)
+            if not refused:
+                break
+            self._refused.update(refused)
+            rounds += 1
+            result = super().partition(exported_program)
         if self.lower_full_graph and self.rejections:
             for node in exported_program.graph.nodes:
                 if node.name in self.rejections:

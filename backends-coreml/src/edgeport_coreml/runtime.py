@@ -138,7 +138,10 @@ class CoreMLExecutor:
         if len(inputs) != len(handle.input_names):
             raise RuntimeExecutionError(f"{COREML_BACKEND_ID}: {len(inputs)} inputs given, the model takes "
                                         f"{len(handle.input_names)} ({handle.input_names})")
-        feed = {name: np.ascontiguousarray(x) for name, x in zip(handle.input_names, inputs, strict=True)}
+        # Core ML multiarrays have no int64: coremltools made such inputs int32 (outputs come back int32 and the
+        # runtime copies them into the program's int64 tensors)
+        feed = {name: np.ascontiguousarray(x, dtype=np.int32 if np.asarray(x).dtype == np.int64 else None)
+                for name, x in zip(handle.input_names, inputs, strict=True)}
         state = handle.extra.get("state")
         try:
             result = handle.model.predict(feed) if state is None else handle.model.predict(feed, state=state)

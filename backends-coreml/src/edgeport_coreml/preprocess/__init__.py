@@ -24,7 +24,6 @@ import hashlib
 import io
 import json
 import shutil
-import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,10 +32,13 @@ from typing import Any
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
 from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
-from edgeport_coreml.preprocess.compress import compress_weights
 from edgeport_coreml.preprocess.inputs import enumerated_inputs
-from edgeport_coreml.preprocess.normalize import match_zero_point_dtypes, normalize_for_coremltools
-from edgeport_coreml.schema.flat_directory import flatten_directory
+from edgeport_coreml.preprocess.normalize import (
+    contiguous_user_inputs,
+    match_zero_point_dtypes,
+    normalize_for_coremltools,
+)
+from edgeport_coreml.verify import lower_to_blob
 
 __all__ = ["convert_partition", "preprocess_coreml", "write_delegate_directory"]
 
@@ -60,6 +62,7 @@ def convert_partition(edge_program: Any, options: CoreMLCompileSpec) -> Any:
     program = copy.deepcopy(edge_program)
     normalize_for_coremltools(program.graph)
     match_zero_point_dtypes(program)
+    contiguous_user_inputs(program)
     program.graph_module.recompile()
     inputs = enumerated_inputs(program, options)
     log = io.StringIO()
@@ -164,12 +167,5 @@ def preprocess_coreml(edge_program: Any, compile_specs: Sequence[CompileSpec]) -
         raise LoweringError(f"{COREML_BACKEND_ID}: the program mutates buffers {mutated}, which become Core ML "
                             "state; state needs minimum_deployment_target iOS18/macOS15 (value 9) or newer, the "
                             f"compile specs ask for value {options.deployment_target_value}")
-    mlmodel = compress_weights(convert_partition(edge_program, options), options)
-    tmp = Path(tempfile.mkdtemp(prefix="edgeport_coreml_"))
-    try:
-        model_dir, debug = write_delegate_directory(mlmodel, tmp, options.model_type)
-        blob = flatten_directory(model_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    handle_map = {k: tuple(v) for k, v in debug["debugSymbolToHandles"].items()} if debug else None
+    blob, handle_map = lower_to_blob(edge_program, options)  # converted once: the partitioner may have done it
     return PreprocessResult(processed_bytes=blob, debug_handle_map=handle_map)

@@ -10,6 +10,12 @@ converting single-op programs):
   6)``, ``elu``'s default ``alpha=1``): the frontend makes int32 MIL scalars ("alpha has dtype int32 whereas x has
   dtype fp32"), so they become Python floats; ``hardtanh`` / ``leaky_relu`` / ``elu`` with omitted defaults get
   them written out (the frontend counts inputs: "got 1 input(s), expected [3]").
+
+:func:`contiguous_user_inputs` gives the partition's inputs contiguous example values: the edge graph's
+``*_copy`` ops keep the strides of the view they replaced (a ``permute_copy``'s value is strided like the
+``permute``), but every value of a program is materialized contiguous (the emitter writes ``dim_order =
+range(rank)``), and coremltools refuses an input whose example value has another dim order ("Core ML does not have
+general support for non-contiguous dim order").
 """
 
 from __future__ import annotations
@@ -110,5 +116,21 @@ def match_zero_point_dtypes(program: Any) -> int:
         val = zero_point.meta.get("val")
         if val is not None:
             zero_point.meta["val"] = val.to(dtype)
+        changed += 1
+    return changed
+
+
+def contiguous_user_inputs(program: Any) -> int:
+    """Replace the example value of each user input whose strides are not contiguous by a contiguous one of the
+    same shape and dtype (in place on ``program``, an ``ExportedProgram`` copy); returns how many changed."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    changed = 0
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.is_contiguous():
+            continue
+        node.meta["val"] = val.contiguous()  # a fake tensor stays fake (its own mode computes the op)
         changed += 1
     return changed
