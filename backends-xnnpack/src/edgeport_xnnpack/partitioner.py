@@ -100,13 +100,6 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
             if isinstance(val, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in val.shape):
                 return (f"{name}: {'its output' if arg is node else arg.name} has no elements (shape "
                         f"{list(val.shape)}); XNNPACK has no empty tensors")
-        for i in _CONSTANT_ARGS.get(name, ()):
-            a = node.args[i] if i < len(node.args) else None
-            if a is None:
-                continue
-            if not self._is_static(a):
-                what = getattr(a, "name", a)
-                return f"{name}: argument {i} ({what}) is not a constant (weights must be static)"
         if name in _AFFINE:
             why = affine_pattern_reason(node, self._value_of)
             if why is not None:
@@ -116,6 +109,13 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
             why = affine_linear_reason(node, self._value_of)
             if why is not None:
                 return why
+        for i in _CONSTANT_ARGS.get(name, ()):
+            a = node.args[i] if i < len(node.args) else None
+            if a is None:
+                continue
+            if not self._is_static(a):
+                what = getattr(a, "name", a)
+                return f"{name}: argument {i} ({what}) is not a constant (weights must be static)"
         if name in _DQ:
             src = node.args[0]
             if not self._is_constant(src) and not (
