@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -155,7 +154,9 @@ def child(args: argparse.Namespace) -> None:
         decode = time.perf_counter() - t1
         results.append({"ttft_s": ttft, "prefill_tps": args.prompt / ttft, "decode_tps": (args.new - 1) / decode,
                         "tokens": tokens})
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from edgeport.llm.runner import peak_rss_bytes
+
+    rss = peak_rss_bytes()
     print(json.dumps({"runs": results, "peak_rss": rss}))
 
 

@@ -76,7 +76,15 @@ class GenerationResult:
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set size so far."""
+    """The process's peak resident set size so far (Linux: ``VmHWM``, which, unlike ``ru_maxrss``, is not
+    inherited from the parent across ``exec``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
