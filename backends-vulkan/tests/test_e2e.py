@@ -107,3 +107,27 @@ def test_batch_norm_is_folded_at_load_and_mobilenet_is_one_delegate():
     got = Runtime.get().load_program(program.buffer).load_method("forward").execute([args[0].numpy()])[0]
     want = model(*args).detach().numpy()
     assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))
+
+
+class RMSNormPow(torch.nn.Module):
+    """Llama's RMSNorm (pow 2, mean, rsqrt) and pow with other exponents, on negative and zero bases too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 16))
+
+    def forward(self, x):
+        norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        return norm + x.pow(3) - x.pow(-2.0) + x.abs().pow(0.5) + x.pow(0)
+
+
+def test_rmsnorm_and_pow_run_on_the_device(device):
+    torch.manual_seed(0)
+    model = RMSNormPow().eval()
+    x = torch.randn(2, 4, 16) + 0.1
+    x[0, 0, :3] = torch.tensor([-2.0, -0.5, 3.0])
+    part = VulkanPartitioner()
+    pte = lower(model, (x,), part)
+    assert not part.rejections, part.rejections
+    got = np.asarray(load(pte).execute([x.numpy()])[0])
+    assert rel_err(got, model(x).detach().numpy()) <= 1e-4

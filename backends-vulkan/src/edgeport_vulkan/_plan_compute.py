@@ -67,7 +67,7 @@ def _binary(ctx: PlanContext, args: list[int]) -> None:
 _UNARY = {"aten.relu.default": 0, "aten.hardtanh.default": 1, "aten.clamp.default": 1, "aten.sigmoid.default": 2,
           "aten.tanh.default": 3, "aten.hardswish.default": 4, "aten.gelu.default": 5, "aten.neg.default": 7,
           "aten.abs.default": 8, "aten.exp.default": 9, "aten.sqrt.default": 10, "aten.silu.default": 11,
-          "aten.leaky_relu.default": 12}
+          "aten.leaky_relu.default": 12, "aten.rsqrt.default": 13, "aten.pow.Tensor_Scalar": 14}
 
 
 def _unary(ctx: PlanContext, args: list[int]) -> None:
@@ -87,6 +87,11 @@ def _unary(ctx: PlanContext, args: list[int]) -> None:
         if approximate not in (None, "none", "tanh"):
             raise ctx.fail(f"unknown approximation {approximate!r}")
         code = 6 if approximate == "tanh" else 5
+    elif name == "aten.pow.Tensor_Scalar":
+        check_nargs(ctx, args, 3)
+        lo = hi = ctx.num(args[1], "exponent")
+        if math.isinf(lo):
+            raise ctx.fail("the exponent must be finite")
     elif name == "aten.leaky_relu.default":
         check_nargs(ctx, args, 2, 3)
         lo = ctx.num(args[1], "negative_slope") if len(args) == 3 else 0.01
@@ -94,7 +99,7 @@ def _unary(ctx: PlanContext, args: list[int]) -> None:
             raise ctx.fail("negative_slope must be finite")
     else:
         check_nargs(ctx, args, 2)
-    if lo > hi and name != "aten.leaky_relu.default":
+    if lo > hi and name not in ("aten.leaky_relu.default", "aten.pow.Tensor_Scalar"):
         raise ctx.fail(f"min {lo} > max {hi}")
     dims = ctx.tensor(args[0])
     ctx.out(args[-1], dims)

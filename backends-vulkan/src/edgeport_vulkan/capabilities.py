@@ -111,6 +111,13 @@ def _gelu(node: Any) -> str | None:
     return _static(node)
 
 
+def _pow(node: Any) -> str | None:
+    e = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(e, (int, float)) or isinstance(e, bool) or e != e or abs(e) == float("inf"):
+        return f"exponent {e!r} is not a finite number"
+    return _static(node)
+
+
 def _binary(node: Any) -> str | None:
     for a in node.args[:2]:
         if not hasattr(a, "meta") and not isinstance(a, (int, float)):
@@ -183,6 +190,8 @@ _TABLE = (
     OpCapability("aten.abs.default", _F, _static, "unary shader"),
     OpCapability("aten.exp.default", _F, _static, "unary shader"),
     OpCapability("aten.sqrt.default", _F, _static, "unary shader"),
+    OpCapability("aten.rsqrt.default", _F, _static, "unary shader"),
+    OpCapability("aten.pow.Tensor_Scalar", _F, _pow, "unary shader (x * x for exponent 2)"),
     OpCapability("aten.silu.default", _F, _static, "unary shader"),
     OpCapability("aten.leaky_relu.default", _F, _static, "unary shader"),
     OpCapability("aten.maximum.default", _F, _static, "binary shader, N-D broadcasting"),

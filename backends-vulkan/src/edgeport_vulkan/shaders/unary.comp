@@ -1,7 +1,8 @@
 #version 450
 // Elementwise unary activations. Specialization constant OP (one pipeline per op): 0 relu, 1 clamp(lo, hi)
 // (relu6, hardtanh), 2 sigmoid, 3 tanh, 4 hardswish, 5 gelu (erf), 6 gelu (tanh approximation), 7 neg,
-// 8 abs, 9 exp, 10 sqrt, 11 silu, 12 leaky_relu(slope = lo).
+// 8 abs, 9 exp, 10 sqrt, 11 silu, 12 leaky_relu(slope = lo), 13 rsqrt, 14 pow(x, lo) (torch's rules for
+// negative bases and zero: integer exponents keep the sign, other exponents give NaN).
 #ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
 #extension GL_EXT_shader_16bit_storage : require
 #define DTYPE float16_t
@@ -39,6 +40,17 @@ float erf_(float v) {
     return v >= 0.0 ? 1.0 - r : r - 1.0;
 }
 
+float pow_(float v, float e) {
+    if (e == 2.0) return v * v;
+    if (e == 1.0) return v;
+    if (e == 0.0) return 1.0;
+    if (v == 0.0) return e > 0.0 ? 0.0 : 1.0 / 0.0;
+    float r = pow(abs(v), e);
+    if (v > 0.0) return r;
+    if (e != floor(e)) return 0.0 / 0.0;
+    return mod(e, 2.0) == 1.0 ? -r : r;
+}
+
 void main() {
     int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
     for (int i = int(gl_GlobalInvocationID.x); i < p.n; i += stride) {
@@ -56,7 +68,9 @@ void main() {
         else if (OP == 9) r = exp(v);
         else if (OP == 10) r = sqrt(v);
         else if (OP == 11) r = v * sigmoid_(v);
-        else r = v >= 0.0 ? v : v * p.lo;
+        else if (OP == 12) r = v >= 0.0 ? v : v * p.lo;
+        else if (OP == 13) r = inversesqrt(v);
+        else r = pow_(v, p.lo);
         o[i] = DTYPE(r);
     }
 }
