@@ -25,6 +25,11 @@ from edgeport.errors import LoweringError
 
 NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
+#: fp32 ops the HTP fails to prepare (graphFinalize: QNN_COMMON_ERROR_MEM_ALLOC, "could not create op:
+#: q::flat_from_vtcm") when none of their inputs is an ElementWiseMultiply's output and a Multiply follows them
+#: anywhere downstream (measured: Div, Exp, SquareRoot, Power; not Rsqrt, Log, Abs, Neg, Sigmoid, Tanh). T5's
+#: ``log(x) / c * k``, ``exp(x) / c``. Such an op reads ``x * 1.0`` (exact) instead of ``x``.
+MUL_FED = frozenset({"ElementWiseDivide", "ElementWiseExp", "ElementWiseSquareRoot", "ElementWisePower"})
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ class Lowering:
         self.qmode: tuple[Any, Any] | None = None  #: (dtype, QuantParams) of the outputs while lowering quantized
         self.quant_lowerings: dict[str, LoweringFn] = {}
         self.op_counts: dict[str, int] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}  #: QNN shapes of the float tensors made by nodes and inputs
+        self._mul_outputs: set[str] = set()
 
     # -- names and nodes ------------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -125,7 +132,18 @@ class Lowering:
         else:
             dtype, quant = np.float32, None
         shape = tuple(int(d) for d in out_shape)
+        if op in MUL_FED and quant is None and not any(i in self._mul_outputs for i in inputs):
+            inputs = list(inputs)
+            for k, i in enumerate(inputs):
+                if i in self._shapes:  # a float tensor computed in the graph (not a constant)
+                    inputs[k] = self.node("ElementWiseMultiply", [i, self.scalar(1.0, len(self._shapes[i]))],
+                                          self._shapes[i]).name
+                    break
         self.g.add_node(op, name, inputs, [(out, shape, dtype, quant)], params or {})
+        if quant is None and np.dtype(dtype) == np.float32:
+            self._shapes[out] = shape
+            if op == "ElementWiseMultiply":
+                self._mul_outputs.add(out)
         self.op_counts[op] = self.op_counts.get(op, 0) + 1
         if logical is None:
             logical = tuple(out_shape[i] for i in NHWC_TO_NCHW) if nhwc else tuple(out_shape)
@@ -172,6 +190,7 @@ class Lowering:
 
     def input(self, shape: tuple[int, ...], name: str) -> Val:
         self.g.add_input(name, shape, np.float32)
+        self._shapes[name] = tuple(shape)
         return Val(name, shape)
 
     # -- values ---------------------------------------------------------------------------------------------
