@@ -134,9 +134,10 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
         self._tensors = _constant_tensors(exported_program, self._constants)
         self.node_filter = self._filter
         try:
-            return super().partition(exported_program)
+            result = super().partition(exported_program)
         finally:
             self.node_filter = self._user_filter
+        return _drop_constant_partitions(result, self._constants)
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
@@ -150,6 +151,29 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
             except (AttributeError, RuntimeError):  # torchao not imported: no graph can hold them
                 pass
         return ops, None
+
+
+def _drop_constant_partitions(result: PartitionResult, constants: set[str]) -> PartitionResult:
+    """Untag partitions that compute only from constants (a weight-norm's ``pow`` of a weight): every output would
+    be a constant, nothing is left to compute per call, and the runtime folds them once at load."""
+    derived: set[torch.fx.Node] = set()
+    for node in result.tagged_exported_program.graph.nodes:
+        if node.op == "placeholder" and node.name in constants or node.op == "get_attr":
+            derived.add(node)
+        elif node.op == "call_function" and node.all_input_nodes and all(a in derived for a in node.all_input_nodes):
+            derived.add(node)
+    members: dict[str, list[torch.fx.Node]] = {}
+    for node in result.tagged_exported_program.graph.nodes:
+        tag = node.meta.get("delegation_tag")
+        if tag is not None and node.op == "call_function":
+            members.setdefault(tag, []).append(node)
+    for tag, nodes in members.items():
+        if all(n in derived for n in nodes):
+            for n in result.tagged_exported_program.graph.nodes:
+                if n.meta.get("delegation_tag") == tag:
+                    del n.meta["delegation_tag"]
+            result.partition_tags.pop(tag, None)
+    return result
 
 
 def _constant_tensors(ep: ExportedProgram, names: set[str]) -> dict[str, torch.Tensor]:
