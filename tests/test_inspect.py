@@ -113,3 +113,29 @@ def test_example_backend_describes_its_blob():
     desc = delegate["description"]
     assert desc["target"] == "numpy" and desc["producer_version"] and desc["nodes"] == sum(desc["ops"].values())
     assert desc["inputs"] and all(i == {"dtype": "float32", "shape": [3, 4]} for i in desc["inputs"])
+
+
+def test_text_summarizes_long_key_lists_and_json_keeps_them_all():
+    """A CNN's delegate has a named-data key per weight (SHA-256 names): the text gives the count and a few
+    shortened names on one line; --json keeps every key."""
+    info = inspect_program(_edgeport(cnn_bn_pool, "xnnpack"))
+    keys = info["methods"][0]["delegates"][0]["description"]["named_data_keys"]
+    assert len(keys) >= 5 and all(len(k) == 64 for k in keys)
+    line = next(x for x in format_inspection(info).splitlines() if "named_data_keys" in x)
+    assert f"{len(keys)} entries" in line and "--json" in line and keys[-1] not in line and len(line) < 160
+
+
+def test_lower_with_quantize_names_the_extra_when_torchao_is_missing(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):
+        if name.startswith("torchao"):
+            raise ModuleNotFoundError("No module named 'torchao'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    model, example = two_linear()
+    with pytest.raises(ImportError, match=r"pip install 'edgeport\[quantize\]'"):
+        edgeport.lower(model, example, quantize=True)

@@ -147,6 +147,23 @@ def _shape(v: dict[str, Any]) -> str:
     return f"{v['dtype']}{v['shape']}{dyn}"
 
 
+def _for_people(value: Any, items: int = 3) -> str:
+    """A long list as its count and a few entries (keys shortened), a long text cut: every value stays whole in
+    ``edgeport inspect --json``."""
+    if isinstance(value, (list, tuple)) and len(value) > items + 1:
+        shown = ", ".join(_short(v) for v in value[:items])
+        return f"{len(value)} entries: {shown}, ... (all of them with --json)"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    text = str(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 20 else text[:12] + "..." + text[-4:]
+
+
 def format_inspection(info: dict[str, Any]) -> str:
     """The text ``edgeport inspect`` prints."""
     lines = [f"program: {info['file_bytes']} bytes, {info['segments']} segments, {info['constants']} constants"]
@@ -162,7 +179,7 @@ def format_inspection(info: dict[str, Any]) -> str:
         for d in m["delegates"]:
             lines.append(f"  delegate {d['index']}: {d['backend']}, blob {d['blob_bytes']} bytes")
             for key, value in (d.get("description") or {}).items():
-                lines.append(f"      {key}: {value}")
+                lines.append(f"      {key}: {_for_people(value)}")
         for e in m["external_constants"]:
             lines.append(f"  external constant {e['key']!r}: {e['dtype']}{e['shape']} ({e['bytes']} bytes, in a .ptd)")
     if info["named_data"]:

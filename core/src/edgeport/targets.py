@@ -117,7 +117,12 @@ def _as_batches(calibration: Iterable[Any] | None, example_inputs: tuple[Any, ..
 def _quantize(ep: Any, profile: TargetProfile, example_inputs: tuple[Any, ...],
               calibration: Iterable[Any] | None) -> tuple[Any, dict[str, Any]]:
     import torch
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    except ImportError as exc:
+        raise ImportError("quantize=True needs torchao (PT2E quantization): pip install 'edgeport[quantize]' "
+                          f"(torchao==0.18.0); the import failed with: {exc}") from exc
 
     from edgeport.aot.composable_quantizer import OwnershipQuantizer, QuantizerEntry
 
