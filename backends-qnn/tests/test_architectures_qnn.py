@@ -1,0 +1,79 @@
+"""Every architecture of ``edgeport.testing.architectures`` (Hugging Face models from small configs, random weights)
+lowered with ``QnnPartitioner`` and run on edgeport's runtime (QNN HTP emulator).
+
+* fp32: ``edgeport.lower(model, inputs, backends=["QnnBackend"])`` within 1e-3 of eager PyTorch, relative to the
+  output's scale (measured: 9e-8 to 4e-7).
+* 8a8w: the pt2e-converted model (``QnnQuantizer``, calibrated on 4 random batches and the example) is the oracle;
+  the QNN program's SQNR against eager must be within 1 dB of the converted model's own SQNR against eager.
+  ResNet in the default run, the rest with ``-m slow`` (10-40 s each on the emulator).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import edgeport
+from edgeport.runtime import Runtime
+from edgeport.testing.architectures import ARCHITECTURES, Architecture, assert_close_to_scale, eager_outputs
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("requires_qnn")
+
+NAMES = sorted(ARCHITECTURES)
+DEFAULT_INT8 = ("resnet",)
+
+
+@functools.cache
+def _arch(name: str) -> Architecture:
+    return ARCHITECTURES[name](seed=0, size="small")
+
+
+def _run(program, inputs) -> np.ndarray:
+    method = Runtime.get().load_program(program.buffer).load_method("forward")
+    return method.execute([x.numpy() for x in inputs])[0]
+
+
+def _sqnr(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(10 * np.log10((want ** 2).sum() / max(((got - want) ** 2).sum(), 1e-30)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32(name):
+    arch = _arch(name)
+    program = edgeport.lower(arch.model, arch.example_inputs, backends=["QnnBackend"])
+    assert any(b == "QnnBackend" for b, _ in program.lowering_report.delegates)
+    assert_close_to_scale(_run(program, arch.example_inputs), eager_outputs(arch), f"{name} fp32 on QNN", 1e-3)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_INT8 else pytest.mark.slow)
+                                  for n in NAMES])
+def test_int8(name):
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgeport_qnn import QnnPartitioner
+    from edgeport_qnn.quantizer import QnnQuantizer
+
+    arch = _arch(name)
+    inputs = arch.example_inputs
+    prepared = prepare_pt2e(torch.export.export(arch.model, inputs).module(), QnnQuantizer())
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x = inputs[0]
+        prepared(torch.randint(0, arch.vocab, x.shape, generator=gen) if arch.kind == "text"
+                 else torch.randn(x.shape, generator=gen))
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    eager = eager_outputs(arch)
+    with torch.no_grad():
+        oracle = converted(*inputs).numpy()
+    program = edgeport.to_edge_transform_and_lower(torch.export.export(converted, inputs),
+                                                   partitioner=[QnnPartitioner()]).to_executorch()
+    got = _run(program, inputs)
+    ours, theirs = _sqnr(got, eager), _sqnr(oracle, eager)
+    assert ours >= theirs - 1.0, f"{name}: QNN {ours:.1f} dB vs eager; its pt2e model {theirs:.1f} dB " \
+                                 f"(QNN vs pt2e {_sqnr(got, oracle):.1f} dB)"
