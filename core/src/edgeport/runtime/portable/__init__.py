@@ -6,7 +6,18 @@ documented in :mod:`edgeport.runtime.kernel_utils`. :mod:`edgeport.runtime.porta
 
 from __future__ import annotations
 
-from edgeport.runtime.portable import elementwise, extra, factory, linalg, nn, prim, quantized, reduce, shape  # noqa: F401
+from edgeport.runtime.portable import (  # noqa: F401
+    elementwise,
+    extra,
+    factory,
+    linalg,
+    llama_ops,
+    nn,
+    prim,
+    quantized,
+    reduce,
+    shape,
+)
 from edgeport.runtime.portable._common import KERNELS
 
 LIBRARY = "portable"
