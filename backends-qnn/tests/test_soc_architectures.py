@@ -6,6 +6,10 @@ lowered with ``QnnPartitioner`` and run on edgeport's runtime (QNN HTP emulator)
 * 8a8w: the pt2e-converted model (``QnnQuantizer``, calibrated on 4 random batches and the example) is the oracle;
   the QNN program's SQNR against eager must be within 1 dB of the converted model's own SQNR against eager.
   ResNet in the default run, the rest with ``-m slow`` (10-40 s each on the emulator).
+
+Named ``test_soc_*`` to run after the modules that build float32 graphs in the test process: running a quantized
+program here creates a SoC-configured HTP device, after which the emulator prepares this process's float32 graphs
+at fp16 precision (lowering is unaffected: it happens in workers).
 """
 
 from __future__ import annotations

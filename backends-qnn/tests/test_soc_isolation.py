@@ -1,6 +1,10 @@
 """QNN's graph finalize runs in worker processes (one per HTP configuration): float32 and quantized partitions lower
 in one program and in any order in one session, and a crash of QNN's libraries becomes an exception naming the
-partition's ops and the signal. Oracles: eager PyTorch and the pt2e-converted model."""
+partition's ops and the signal. Oracles: eager PyTorch and the pt2e-converted model.
+
+Named ``test_soc_*`` to run after the modules that build float32 graphs in the test process: running a quantized
+program here creates a SoC-configured HTP device, after which the emulator prepares this process's float32 graphs
+at fp16 precision (lowering is unaffected: it happens in workers)."""
 
 from __future__ import annotations
 
@@ -68,10 +72,9 @@ def test_float_and_quantized_partitions_in_one_program_any_order():
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
 
 
-@pytest.mark.xfail(strict=True, reason="the x86 HTP emulator cannot execute a SoC-device context and a "
-                   "default-device context of one program in one process: 'Could't match allocated VTCM pointer to "
-                   "a VXU VTCM' (graphExecute, QNN error 1100)")
 def test_float_and_quantized_partitions_of_one_program_run_together():
+    """The emulator runs contexts of one HTP configuration at a time (the other's ``graphExecute`` fails: "VTCM");
+    the executor loads such a context again once and runs it (measured: 148 dB against the pt2e model)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from edgeport_qnn import QnnPartitioner
@@ -87,7 +90,9 @@ def test_float_and_quantized_partitions_of_one_program_run_together():
         want = converted(*inputs).numpy()
     program = edgeport.to_edge_transform_and_lower(torch.export.export(converted, inputs),
                                                    partitioner=[QnnPartitioner()])
-    assert _sqnr(_run(program, inputs), want) > 35
+    method = Runtime.get().load_program(program.to_executorch().buffer).load_method("forward")
+    for _ in range(3):
+        assert _sqnr(method.execute([inputs[0].numpy()])[0], want) > 60
 
 
 def test_a_crash_while_checking_nodes_becomes_a_rejection(monkeypatch):

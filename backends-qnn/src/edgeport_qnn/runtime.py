@@ -45,6 +45,8 @@ class _Handle:
     context: Any
     graph: Any
     shapes: list[tuple[int, ...]]
+    binary: bytes = b""  #: the sealed context binary (to load it again, see QnnExecutor.execute)
+    soc: int | None = None
 
 
 class QnnExecutor:
@@ -101,7 +103,7 @@ class QnnExecutor:
         except BaseException:
             context.close()
             raise
-        return _Handle(header, context, graph, shapes)
+        return _Handle(header, context, graph, shapes, bytes(sealed), soc)
 
     def num_outputs(self, handle: _Handle) -> int:
         return len(handle.graph.outputs)
@@ -128,9 +130,27 @@ class QnnExecutor:
         except Exception as exc:
             from edgeport_qnn.sdk import QnnError  # imported here: a run's hot path stays import-free
 
+            if isinstance(exc, QnnError) and "VTCM" in str(exc) and handle.binary:
+                return self._reload_and_execute(handle, arrays)
             if isinstance(exc, (QnnError, ValueError)):
                 raise RuntimeExecutionError(f"{QNN_BACKEND_ID}: graph execution failed: {exc}") from None
             raise
+
+    @staticmethod
+    def _reload_and_execute(handle: _Handle, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The x86 emulator runs contexts of one HTP configuration (a SoC's device, or the default device) at a
+        time: after a context of the other one is loaded, this one's ``graphExecute`` fails ("Could't match
+        allocated VTCM pointer to a VXU VTCM"). Loading its binary again makes it runnable: done once per failure."""
+        from edgeport_qnn.sdk import QnnError
+
+        old = handle.context
+        try:
+            context = shared_backend().load_context(handle.binary, soc_model=handle.soc)
+            handle.context, handle.graph = context, context.graph(handle.header.graph)
+            old.close()
+            return handle.graph.execute(arrays)
+        except (QnnError, ValueError) as exc:
+            raise RuntimeExecutionError(f"{QNN_BACKEND_ID}: graph execution failed: {exc}") from None
 
     def destroy(self, handle: _Handle) -> None:
         handle.context.close()
