@@ -10,8 +10,11 @@ Use with torchao's flow on a plain ``torch.export.export(model, args).module()``
 
 Whole-model by default (an NPU has no float datapath): every op with an int8 lowering gets int8 per-tensor
 affine activations ([-128, 127]) on its inputs and output; convolution and linear weights int8 symmetric per
-output channel ([-127, 127]); biases stay float (the lowering quantizes them to int32 with scale
-``input_scale * weight_scale``); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
+output channel ([-127, 127]); biases int32 per output channel with scale ``input_scale * weight_scale``
+(ExecuTorch's derived bias spec), so the pt2e model adds the very bias the integer convolution adds (a float
+bias, rounded only at lowering, put the pt2e model and the integer graph one step apart on ~0.1% of the
+outputs of a BatchNorm-folded convolution, which a deep CNN amplifies; a16w8 keeps float biases, quantized to
+int48 by the lowering); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
 is fused (only its output is quantized). Max pooling, reshapes, permutes and padding share their input's
 parameters, and so does ``amax``. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` / ``exp`` / ``reciprocal`` /
 ``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do average pooling, ``mean``
@@ -37,6 +40,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
 from torchao.quantization.pt2e.quantizer import (
+    DerivedQuantizationSpec,
     QuantizationAnnotation,
     QuantizationSpec,
     QuantizationSpecBase,
@@ -77,6 +81,15 @@ def _is_float(a: Any) -> bool:
 
 def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
     return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _bias_qparams(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 bias parameters derived from the input's and the weights' observers: ``input_scale * weight_scale``
+    per output channel, zero point 0 (what the integer convolution adds to its int32 accumulator)."""
+    act_scale, _ = observers[0].calculate_qparams()
+    weight_scale, _ = observers[1].calculate_qparams()
+    scale = (act_scale.to(torch.float64) * weight_scale.to(torch.float64)).to(torch.float32).reshape(-1)
+    return scale, torch.zeros_like(scale, dtype=torch.int32)
 
 
 class _ArmQuantizer(Quantizer):
@@ -174,7 +187,12 @@ class _ArmQuantizer(Quantizer):
             return
         if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
             return
-        self._mark(node, {x: self.act, w: self.weight}, None)
+        inputs: dict[Node, QuantizationSpecBase | None] = {x: self.act, w: self.weight}
+        if bias is not None and not self.a16w8:
+            inputs[bias] = DerivedQuantizationSpec(
+                derived_from=[(x, node), (w, node)], derive_qparams_fn=_bias_qparams, dtype=torch.int32,
+                quant_min=-(2**31) + 1, quant_max=2**31 - 1, qscheme=torch.per_channel_symmetric, ch_axis=0)
+        self._mark(node, inputs, None)
         self._output(node)
 
     def _binary(self, node: Node) -> None:

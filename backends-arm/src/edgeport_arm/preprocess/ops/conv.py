@@ -1,8 +1,8 @@
 """``aten.convolution`` (2-D, regular or depthwise) -> TOSA CONV2D / DEPTHWISE_CONV2D in NHWC.
 
 Integer graphs: int8 input (zero point as the operator's input_zp), int8 symmetric weights (per channel or per
-tensor), bias quantized to int32 with scale ``input_scale * weight_scale``; the int32 result keeps that scale
-per output channel for the RESCALE of the quantize that follows.
+tensor), bias int32 with scale ``input_scale * weight_scale`` (as the quantizer made it, or quantized here from a
+float bias); the int32 result keeps that scale per output channel for the RESCALE of the quantize that follows.
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ def weight_scales(w: Const, channels: int) -> np.ndarray:
     return np.broadcast_to(scales, (channels,)).copy() if scales.size == 1 else scales
 
 
+def _is_accumulator_bias(bias: Const, acc_scale: np.ndarray) -> bool:
+    """An int32 bias quantized (zero point 0) on the accumulator's scale ``input_scale * weight_scale``."""
+    if not bias.quantized or bias.data.dtype != np.int32 or np.any(np.asarray(bias.zero_points) != 0):
+        return False
+    scales = np.broadcast_to(np.asarray(bias.scales, np.float64).reshape(-1), acc_scale.shape)
+    if not np.allclose(scales, acc_scale, rtol=1e-6, atol=0):
+        raise LoweringError(f"int32 bias scales {scales[:4]} ... differ from input_scale * weight_scale "
+                            f"{acc_scale[:4]} ...; quantize the bias with a DerivedQuantizationSpec of those two")
+    return True
+
+
 def emit_conv(ctx: Lowering, x: Value, w: Const, bias: Const | None, out_shape: tuple[int, ...], *,
               depthwise: bool, stride: tuple[int, int], pad: list[int], dilation: tuple[int, int]) -> Value:
     """``x`` NHWC; ``w`` in torch layout [O, I/g, KH, KW]; returns the NHWC result (int32 or float32)."""
@@ -39,10 +50,13 @@ def emit_conv(ctx: Lowering, x: Value, w: Const, bias: Const | None, out_shape: 
         if not w.quantized or x.q is None:
             raise LoweringError("integer convolution needs a quantized input and quantized weights")
         acc_scale = x.q.scale * weight_scales(w, out_ch)
-        b = np.zeros(out_ch) if bias is None else bias.real().astype(np.float64)
         # int8 activations accumulate in int32; int16 (a16w8) in int48, TOSA's int16 extension
         dtype, bits = (DType.INT48, 48) if x.dtype == DType.INT16 else (DType.INT32, 32)
-        qbias = np.clip(np.round(b / acc_scale), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        if bias is not None and _is_accumulator_bias(bias, acc_scale):
+            qbias = bias.data.astype(np.int64).reshape(-1)  # the quantizer's int32 bias: exactly what pt2e adds
+        else:
+            b = np.zeros(out_ch) if bias is None else bias.real().astype(np.float64)
+            qbias = np.clip(np.round(b / acc_scale), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         inputs = [x.name, ctx.g.const(kernel.astype(np.int8), DType.INT8, "weight"),
                   ctx.g.const(qbias, dtype, "bias"), zero_point_const(ctx, x.dtype, x.q.zero_point),
                   zero_point_const(ctx, DType.INT8)]

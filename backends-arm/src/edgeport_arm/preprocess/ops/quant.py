@@ -53,10 +53,13 @@ def dequantize_per_tensor(ctx: Lowering, node: torch.fx.Node) -> Value | Const:
 
 
 def dequantize_per_channel(ctx: Lowering, node: torch.fx.Node) -> Const:
+    """A per-channel constant: int8 weights, or an int32 bias (scale ``input_scale * weight_scale``, which the
+    convolution uses as it is)."""
     x, scales, zps, axis, qmin, qmax, dtype = node.args[:7]
-    _check_int8(node, qmin, qmax, dtype)
+    if dtype != torch.int32:
+        _check_int8(node, qmin, qmax, dtype)
     c, s, z = ctx.const(x), ctx.const(scales), ctx.const(zps)
     if c is None or s is None or z is None:
         raise LoweringError("per-channel dequantize of a non-constant (only weights are quantized per channel)")
-    return Const(c.data.astype(np.int8), s.data.astype(np.float64).reshape(-1), z.data.astype(np.int64).reshape(-1),
-                 int(axis) % c.data.ndim)
+    return Const(c.data.astype(np.int32 if dtype == torch.int32 else np.int8), s.data.astype(np.float64).reshape(-1),
+                 z.data.astype(np.int64).reshape(-1), int(axis) % c.data.ndim)
