@@ -34,9 +34,17 @@ from edgeport_xnnpack._constants import NP_DTYPES as _NP
 from edgeport_xnnpack._constants import NamedData, group_scales, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
 from edgeport_xnnpack._direct import direct_call
-from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, dequantize_dynamic_filters, emulate_dynamic_values
+from edgeport_xnnpack._dynamic_quant import (
+    DYNAMIC_ROWS,
+    QD8,
+    dequantize_dynamic_filters,
+    emulate_dynamic_values,
+    host_dynamic_products,
+)
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._host_gemm import describe, holds_filter, product_op, resolve, wants_host
+from edgeport_xnnpack._host_qd8 import kernel_available as qd8_available
+from edgeport_xnnpack._host_qd8 import qd8_op
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok, rewrite_int8
 from edgeport_xnnpack._shapes import check_native
@@ -155,6 +163,8 @@ class _Planner:
 
     # -- planning ---------------------------------------------------------------------------------------------
     def native_ok(self, n: XNode) -> bool:
+        if QD8 in n.fields:
+            return False  # a dynamically quantized fully connected on the host kernel (_host_qd8)
         why = native_kind_ok(n, lambda vid: vid in self.const, self.lib)
         if why is None:
             why = check_static_ids(n, lambda vid: vid in self.const) or check_native(n, self.dims.__getitem__)
@@ -191,7 +201,8 @@ class _Planner:
         host_const: set[int] = set()
         for gi, (side, idx) in enumerate(groups):
             for j in idx:
-                held = j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products)
+                held = QD8 in nodes[j].fields or (
+                    j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products))
                 for vid in nodes[j].inputs()[:1] if held else nodes[j].inputs():  # a packed filter is its own
                     if vid in producer and producer[vid] != gi:
                         crossing.add(vid)
@@ -232,7 +243,8 @@ class _Planner:
         ops = []
         for n in group:
             try:
-                op = product_op(n, self.values, self.dims, self.const, self.pool, self.products)
+                op = qd8_op(n, self.dims[n.inputs()[0]], self.dims[n.outputs()[0]], self.pool) if QD8 in n.fields \
+                    else product_op(n, self.values, self.dims, self.const, self.pool, self.products)
                 ops.append(op or make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]],
                                               self.pool))
             except ValueError as exc:
@@ -364,12 +376,15 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
         planner.products = resolve(fully_connected)
     except ValueError as exc:
         raise RuntimeExecutionError(f"{BACKEND_ID}: {exc}") from exc
+    held: set[int] = set()
     if dynamic:
         try:
+            if fully_connected != "xnnpack" and qd8_available():  # "xnnpack": XNNPACK's float32 kernels
+                held = host_dynamic_products(graph, dynamic, planner.values, planner.const, planner.group_scales)
             dequantize_dynamic_filters(graph, dynamic, planner.values, planner.const, planner.group_scales)
         except ValueError as exc:
             raise _fail(str(exc)) from exc
-    if any(v.datatype == QBINT4 for v in planner.values.values()):
+    if any(v.datatype == QBINT4 and vid not in held for vid, v in planner.values.items()):
         raise _fail("a qbint4 filter is read by a node other than a fully connected over a qdint8 input; this "
                     "executor runs blockwise 4-bit weights only in dynamically quantized fully connected nodes")
     threads = num_threads or options.num_threads
@@ -428,6 +443,13 @@ class XnnpackExecutor(RuntimeExecutor):
             threads = runtime_options.num_threads
         fully_connected = runtime_options.fully_connected if runtime_options is not None else "auto"
         return load(processed, compile_specs, named_data, threads, self.max_specializations, fully_connected)
+
+    def num_outputs(self, handle: XnnpackHandle) -> int:
+        """Outputs of the delegate (its trailing call arguments): the blob says, so a call whose inputs include
+        state (a mutable buffer the program planned) is split into inputs and outputs without guessing."""
+        if type(handle) is not XnnpackHandle:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: num_outputs needs a handle from init")
+        return len(handle.outputs)
 
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:

@@ -408,7 +408,7 @@ class ChainCompiler:
         mv, plan = self.mv, self.plan
         defined = set(plan.inputs)
         for i, sp in mv.specs.items():
-            if sp.constant is not None:
+            if sp.constant is not None or sp.initial is not None:  # constants, and state with its initial value
                 defined.add(i)
         for chain in plan.chains[: ci + 1]:
             instrs = chain.instructions if chain is not plan.chains[ci] else chain.instructions[:ii]
