@@ -1,6 +1,7 @@
 """Builds the optional C glue (``edgeport_xnnpack._glue``: per-call binding and invocation of XNNPACK runtimes) and
 the optional host kernels (``edgeport_xnnpack._kernels``: GELU, which the 2022 libXNNPACK lacks; ``_gemm``: float32
-products on the host BLAS tiled over XNNPACK's thread pool, for CPUs where the 2022 library's kernels are slow).
+products on the host BLAS tiled over XNNPACK's thread pool, for CPUs where the 2022 library's kernels are slow;
+``_qd8``: dynamically quantized fully connected, qd8 x qc8w / qb4w, which the 2022 library lacks).
 
 It links against nothing but libc (the library functions are passed in as addresses from ctypes). When no C
 compiler is available the build is skipped and the executor uses the equivalent pure-Python path
@@ -21,4 +22,9 @@ setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_g
                                                           "src/edgeport_xnnpack/_gemm_qs8.c"],
                              depends=["src/edgeport_xnnpack/_gemm_common.h"], optional=True,
                              extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                                 "-Wno-missing-field-initializers"])])
+                                                 "-Wno-missing-field-initializers"]),
+                   # qd8 x qc8w / qb4w fully connected; no fused multiply-adds: the row quantization must round
+                   # like XNNPACK's convert (and edgeport_xnnpack._dynamic_quant) step by step
+                   Extension("edgeport_xnnpack._qd8", ["src/edgeport_xnnpack/_qd8.c"], optional=True,
+                             extra_compile_args=["-O3", "-ffp-contract=off", "-Wall", "-Wextra",
+                                                 "-Wno-unused-parameter", "-Wno-missing-field-initializers"])])

@@ -22,7 +22,7 @@ times an 8-bit significand), so ``sum_k (q_k - zp) / inv * w_k * s_{k // g}`` eq
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from edgeport_xnnpack.schema.graph import (
     TensorValue,
 )
 
-__all__ = ["DYNAMIC_ROWS", "bf16_to_f32", "dequantize_blockwise", "dequantize_dynamic_filters",
+__all__ = ["DYNAMIC_ROWS", "QD8", "Qd8Weights", "bf16_to_f32", "host_dynamic_products", "dequantize_blockwise", "dequantize_dynamic_filters",
            "dequantize_filter", "emulate_dynamic_values", "quantize_rows", "row_params"]
 
 
@@ -150,6 +150,71 @@ def emulate_dynamic_values(graph: Graph) -> set[int]:
         if v.id_out in rows:
             v.datatype, v.quant = FP32, None
     return set(rows)
+
+
+#: field set on a fully connected node over a qdint8 value that the host kernel runs (``_qd8``): its Qd8Weights
+QD8 = "edgeport_qd8"
+
+
+@dataclass
+class Qd8Weights:
+    """What ``_qd8.fc`` needs of one fully connected node: the filter as stored in the blob (int8 ``[n, k]``, or
+    packed 4-bit ``[n, k / 2]``), float32 scales ``[n, k / group]``, the bias, the bit width and the group."""
+
+    w: np.ndarray
+    scales: np.ndarray
+    bias: np.ndarray | None
+    bits: int
+    group: int
+    k: int
+    n: int
+
+
+def host_dynamic_products(graph: Graph, dynamic: set[int], values: dict[int, TensorValue],
+                          const: dict[int, np.ndarray], group_scales: dict[int, np.ndarray]) -> set[int]:
+    """Let the host kernel run the fully connected nodes over qdint8 values it can: each then reads the float
+    input of the ``XNNConvert`` directly (the kernel quantizes its rows as the convert does) and carries its int8 /
+    packed int4 filter in ``fields[QD8]`` (no float32 copy); converts left without readers are dropped. Returns
+    the filter and bias ids now held by those nodes. The other nodes keep the float32 path
+    (:func:`dequantize_dynamic_filters`)."""
+    source: dict[int, int] = {}
+    for n in graph.nodes:
+        if n.kind == "XNNConvert" and n.fields.get(DYNAMIC_ROWS) == 1:
+            source[n.get("output_id")] = n.get("input_id")
+    users: dict[int, int] = {}
+    for n in graph.nodes:
+        for i in n.inputs():
+            users[i] = users.get(i, 0) + 1
+    held: set[int] = set()
+    for n in graph.nodes:
+        x = n.get("input1_id")
+        if n.kind != "XNNFullyConnected" or x not in dynamic or x not in source or n.get("flags"):
+            continue
+        fid, bid = n.get("filter_id"), n.get("bias_id")
+        v = values.get(fid)
+        if v is None or fid not in const or users.get(fid, 0) != 1 or len(v.dims) != 2:
+            continue
+        if bid != INVALID_ID and (bid not in const or values[bid].datatype != FP32 or users.get(bid, 0) != 1):
+            continue
+        cols, k = v.dims
+        if v.datatype == QBINT4 and isinstance(v.quant, PerChannelGroupQuant) and fid in group_scales:
+            group = v.quant.group_size
+            if v.quant.channel_dim or group <= 0 or group % 32 or k % group:
+                continue
+            scales, bits = group_scales[fid].reshape(cols, k // group), 4
+        elif v.datatype == QCINT8 and isinstance(v.quant, PerChannelQuant) and v.quant.channel_dim == 0:
+            scales, bits, group = np.asarray(v.quant.scale, np.float32).reshape(cols, 1), 8, k
+        else:
+            continue
+        bias = np.ascontiguousarray(const[bid], np.float32).reshape(cols) if bid != INVALID_ID else None
+        n.fields[QD8] = Qd8Weights(np.ascontiguousarray(const[fid]), np.ascontiguousarray(scales, np.float32), bias,
+                                   bits, group, k, cols)
+        n.fields["input1_id"] = source[x]
+        held.update(i for i in (fid, bid) if i != INVALID_ID)
+    read = {i for n in graph.nodes for i in n.inputs()}
+    graph.nodes[:] = [n for n in graph.nodes
+                      if not (n.kind == "XNNConvert" and n.get("output_id") in source and n.get("output_id") not in read)]
+    return held
 
 
 def dequantize_dynamic_filters(graph: Graph, dynamic: set[int], values: dict[int, TensorValue],
