@@ -137,7 +137,8 @@ def validate_on_backend(node: torch.fx.Node, ep: ExportedProgram, constants: set
             if v is not None:
                 lowering.output_value(v, j)
         # validated node by node, then finalized: some refusals only show when the HTP prepares the graph
-        run_recipe(lowering.g.recipe, soc_model, want_binary=False, what=f"a check of {node.name} ({op_name(node.target)})")
+        run_recipe(lowering.g.recipe, soc_model, want_binary=False,
+                   what=f"a check of {node.name} ({op_name(node.target)})")
     except QnnWorkerCrash as exc:
         reason = f"checking it on the QNN HTP backend crashed Qualcomm's library{form}: {str(exc).splitlines()[0]}"
     except QnnError as exc:
@@ -200,7 +201,10 @@ class QnnPartitioner(CapabilityBasedPartitioner):
             if verdict is False or isinstance(verdict, str):
                 return verdict or "rejected by node_filter"
         if self.validate and self._ep is not None and name not in (QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL):
-            why = validate_on_backend(node, self._ep, self._constants, self._soc, self.compile_options.use_fp16)
+            try:
+                why = validate_on_backend(node, self._ep, self._constants, self._soc, self.compile_options.use_fp16)
+            except Exception as exc:  # noqa: BLE001 - a node the check cannot handle stays on the CPU, saying why
+                why = f"checking it on the QNN backend failed: {type(exc).__name__}: {exc}"
             if why:
                 return f"{name}: {why}"
         return True
