@@ -16,6 +16,7 @@ Usage::
 
     python bench/arm.py                 # markdown on stdout
     python bench/arm.py --write-report  # also rewrite the "## Arm Ethos-U" section of REPORT.md
+    python bench/arm.py --isolation [--write-report]  # Vela isolation + trial compilation overhead (own section)
 
 ExecuTorch is a benchmark-only dependency here (never imported by edgeport itself).
 """
@@ -44,6 +45,8 @@ from lowering import loadavg  # noqa: E402
 from xnnpack_bench.machine import cpu_model  # noqa: E402
 
 SECTION_TITLE = "## Arm Ethos-U"
+ISOLATION_TITLE = "## Arm Ethos-U: isolation overhead"
+ISOLATION_MODELS = ("keyword_spotter", "mobilenet_v2_96")
 TARGETS = ("ethos-u55-128", "ethos-u85-256")
 IO_KERNELS = ("quantize_per_tensor", "dequantize_per_tensor")
 
@@ -242,15 +245,88 @@ def report(rows: list[dict[str, Any]], started: str, seconds: float, reps: int) 
     return "\n".join(lines) + "\n"
 
 
+def isolation_overhead(reps: int, target: str = "ethos-u55-128") -> list[dict[str, Any]]:
+    """Lowering time of edgeport's Ethos-U flow three ways, interleaved: Vela in this process without trial
+    compilation (the flow before isolation), Vela in the isolated worker without trial compilation, and the
+    default (isolated, every partition test-compiled while partitioning). Vela's result cache is cleared before
+    every lowering; "cold" times the first isolated lowering after the worker was closed (worker start included)."""
+    import torch
+
+    from edgeport import to_edge_transform_and_lower
+    from edgeport.isolation import get_worker
+    from edgeport_arm import EthosUCompileSpec, EthosUPartitioner, EthosUQuantizer, vela
+
+    rows = []
+    for name in ISOLATION_MODELS:
+        model, args = models()[name]()
+        gen = torch.Generator().manual_seed(1)
+        calibration = [tuple(torch.randn(a.shape, generator=gen) for a in args) for _ in range(4)] + [args]
+        spec = EthosUCompileSpec(target)
+        qep = _quantize(model, args, EthosUQuantizer(spec), calibration, plain_module=True)
+
+        def lower(in_process: bool, trial: bool, qep: Any = qep, spec: Any = spec) -> float:
+            vela._CACHE.clear()
+            if in_process:
+                os.environ["EDGEPORT_ARM_VELA_IN_PROCESS"] = "1"
+            try:
+                t0 = time.perf_counter()
+                to_edge_transform_and_lower(copy.deepcopy(qep), partitioner=[EthosUPartitioner(
+                    spec, cpu_fallback=True, trial_compile=trial)]).to_executorch()
+                return time.perf_counter() - t0
+            finally:
+                os.environ.pop("EDGEPORT_ARM_VELA_IN_PROCESS", None)
+
+        get_worker("vela").close()
+        cold = lower(False, False)
+        modes = {"in_process": (True, False), "isolated": (False, False), "isolated_trial": (False, True)}
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        for r in range(reps):
+            for m in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
+                times[m].append(lower(*modes[m]))
+        rows.append({"model": name, "target": target, "cold": cold,
+                     **{m: statistics.median(t) for m, t in times.items()}})
+        print(f"# isolation {name} done", file=sys.stderr)
+    return rows
+
+
+def isolation_report(rows: list[dict[str, Any]], started: str, seconds: float, reps: int) -> str:
+    import torch
+
+    lines = [ISOLATION_TITLE, "",
+             f"Measured by `bench/arm.py --isolation` on {started}: {os.cpu_count()} CPUs, {cpu_model()}; torch "
+             f"{torch.__version__}. Whole run {seconds:.0f} s; load average {loadavg()}.", "",
+             "Lowering time (`to_edge_transform_and_lower(...).to_executorch()` on the quantized program, median of "
+             f"{reps}, the three flows interleaved, Vela's result cache cleared before each): Vela in this process "
+             "without trial compilation (before issue 25), Vela in the isolated worker, and the default: isolated "
+             "plus every partition test-compiled while partitioning (its Vela result is reused by preprocess). "
+             "Cold: the first isolated lowering after the worker was closed (worker start and Vela's import "
+             "included).", "",
+             "| model | target | in process s | isolated s | ratio | isolated + trial s | ratio | cold isolated s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        base = r["in_process"]
+        lines.append(f"| {r['model']} | {r['target']} | {base:.2f} | {r['isolated']:.2f} | "
+                     f"{r['isolated'] / base:.2f}x | {r['isolated_trial']:.2f} | {r['isolated_trial'] / base:.2f}x | "
+                     f"{r['cold']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", nargs="*", help="subset of models")
     parser.add_argument("--write-report", action="store_true")
+    parser.add_argument("--isolation", action="store_true", help="measure the overhead of isolating Vela")
     a = parser.parse_args()
     warnings.filterwarnings("ignore")
     started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.perf_counter()
+    if a.isolation:
+        section = isolation_report(isolation_overhead(a.reps), started, time.perf_counter() - t0, a.reps)
+        print(section)
+        if a.write_report:
+            write_section(section, BENCH_DIR / "REPORT.md", ISOLATION_TITLE)
+        return 0
     rows = measure(a.reps, set(a.models) if a.models else None)
     section = report(rows, started, time.perf_counter() - t0, a.reps)
     print(section)
