@@ -73,7 +73,8 @@ def test_registry_entry():
 
 @pytest.fixture
 def broken_relu(monkeypatch):
-    """coremltools' relu converter raises (conversions cached before and after are forgotten)."""
+    """coremltools' relu converter raises in this process, where conversions then run (conversions cached before
+    and after are forgotten)."""
     from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 
     from edgeport_coreml.verify import clear_conversion_cache
@@ -82,6 +83,7 @@ def broken_relu(monkeypatch):
         raise ValueError("no converter today")
 
     clear_conversion_cache()
+    monkeypatch.setenv("EDGEPORT_COREML_IN_PROCESS", "1")
     monkeypatch.setitem(_TORCH_OPS_REGISTRY.name_to_func_mapping, "relu", broken)
     yield
     clear_conversion_cache()
@@ -106,3 +108,28 @@ def test_without_verification_a_conversion_error_is_a_lowering_error(broken_relu
         to_edge_transform_and_lower(torch.export.export(model, (x,)),
                                     partitioner=[CoreMLPartitioner(verify_conversion=False)])
 
+
+
+def test_a_conversion_that_crashes_its_worker_is_refused_not_fatal(monkeypatch):
+    """A partition holding relu kills the conversion worker (a planted SIGSEGV); the caller survives, relu is
+    refused with the signal named, and the rest converts."""
+    import crash_helper
+
+    from edgeport.isolation import get_worker
+    from edgeport_coreml import verify
+
+    real = verify._in_worker
+
+    def crashing(program, options, whole):
+        if any(n.op == "call_function" and "relu" in str(n.target) for n in program.graph.nodes):
+            return get_worker("coreml-crash-test").call(crash_helper.segfault)
+        return real(program, options, whole)
+
+    verify.clear_conversion_cache()
+    monkeypatch.setattr(verify, "_in_worker", crashing)
+    model, x = build("mlp")
+    p = CoreMLPartitioner()
+    to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[p])
+    verify.clear_conversion_cache()
+    assert list(p.rejections) == ["relu"], p.rejections
+    assert "crashed its worker process (killed by SIGSEGV)" in p.rejections["relu"], p.rejections["relu"]

@@ -1,7 +1,8 @@
 """Conversion checked at partition time: a partition coremltools cannot convert is refused, never a failed lowering.
 
 :func:`lower_to_blob` is the whole of ``preprocess`` (convert, compress, write and flatten the delegate directory);
-its results -- the blob, or coremltools' error -- are cached by the partition's content (:func:`program_key`:
+it runs in an ``edgeport.isolation`` worker (:mod:`edgeport_coreml.isolated`; ``EDGEPORT_COREML_IN_PROCESS=1``
+converts in the calling process), and its results -- the blob, or coremltools' error -- are cached by the partition's content (:func:`program_key`:
 graph, input shapes and dtypes, constant bytes, compile specs), so the partitioner's trial conversion and the
 later ``preprocess`` of the same partition convert once.
 
@@ -14,6 +15,7 @@ coremltools' words, for the partitioner to reject before tagging again.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -23,12 +25,15 @@ import torch
 from edgeport.aot.partitioner import DELEGATION_TAG
 from edgeport.aot.to_backend import extract_subprogram
 from edgeport.errors import LoweringError
-from edgeport_coreml.options import CoreMLCompileSpec
+from edgeport.isolation import WorkerCrashed
+from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
 
-__all__ = ["clear_conversion_cache", "lower_to_blob", "program_key", "refuse_unconvertible"]
+__all__ = ["WORKER", "clear_conversion_cache", "lower_in_process", "lower_to_blob", "program_key",
+           "refuse_unconvertible"]
 
 _CACHE: OrderedDict[str, tuple[bytes, dict[str, tuple[int, ...]] | None] | str] = OrderedDict()
 _CACHE_SIZE = 32
+WORKER = "coremltools"  #: the ``edgeport.isolation`` worker key
 
 
 def clear_conversion_cache() -> None:
@@ -58,7 +63,33 @@ def program_key(program: Any, options: CoreMLCompileSpec) -> str:
     return h.hexdigest()
 
 
+def _in_worker(program: Any, options: CoreMLCompileSpec, whole: bool) -> Any:
+    """Run the conversion in the ``coremltools`` worker; ``NotPackable`` when the partition cannot travel."""
+    from edgeport.isolation import get_worker
+    from edgeport_coreml.isolated import lower_packed, pack
+
+    data = pack(program)
+    specs = [(s.key, bytes(s.value)) for s in options.to_compile_specs()]
+    return get_worker(WORKER).call(lower_packed, data, specs, whole)
+
+
+def _isolated(program: Any, options: CoreMLCompileSpec, whole: bool, local: Callable[[], Any]) -> Any:
+    from edgeport_coreml.isolated import NotPackable
+
+    if os.environ.get("EDGEPORT_COREML_IN_PROCESS") == "1":
+        return local()
+    try:
+        return _in_worker(program, options, whole)
+    except NotPackable:
+        return local()
+
+
 def _lower(program: Any, options: CoreMLCompileSpec) -> tuple[bytes, dict[str, tuple[int, ...]] | None]:
+    return _isolated(program, options, True, lambda: lower_in_process(program, options))
+
+
+def lower_in_process(program: Any, options: CoreMLCompileSpec) -> tuple[bytes, dict[str, tuple[int, ...]] | None]:
+    """Convert, compress, write and flatten in this process."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -86,6 +117,8 @@ def lower_to_blob(program: Any, options: CoreMLCompileSpec) -> tuple[bytes, dict
     if hit is None:
         try:
             hit = _lower(program, options)
+        except WorkerCrashed as exc:  # its detail is the worker's native stack: keep the signal
+            hit = f"{COREML_BACKEND_ID}: coremltools' conversion crashed its worker process ({_how(exc)})"
         except LoweringError as exc:
             hit = str(exc)
         _CACHE[key] = hit
@@ -106,10 +139,16 @@ def _fails(program: Any, options: CoreMLCompileSpec, whole: bool = True) -> str 
         else:
             from edgeport_coreml.preprocess import convert_partition
 
-            convert_partition(program, options)
+            _isolated(program, options, False, lambda: convert_partition(program, options))
+    except WorkerCrashed as exc:
+        return f"{COREML_BACKEND_ID}: coremltools' conversion crashed its worker process ({_how(exc)})"
     except LoweringError as exc:
         return str(exc)
     return None
+
+
+def _how(exc: WorkerCrashed) -> str:
+    return f"killed by {exc.signal}" if exc.signal else f"exit code {exc.exitcode}"
 
 
 def _culprit(ep: Any, members: list[torch.fx.Node], compute: list[torch.fx.Node], message: str,
