@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeport.backend import CompileOptions, CompileSpec
+from edgeport.errors import LoweringError
 from edgeport_coreml.compression import (
     LINEAR_QUANTIZER_KEY,
     PALETTIZER_KEY,
@@ -40,6 +41,11 @@ from edgeport_coreml.shapes import (
 )
 
 COREML_BACKEND_ID = "CoreMLBackend"
+
+
+class UnconvertiblePartition(LoweringError):
+    """coremltools cannot make a Core ML model of this partition (its error, or a model Core ML cannot take): the
+    partitioner refuses the partition's culprit node; any other ``LoweringError`` is a configuration error."""
 
 COMPUTE_UNITS = ("all", "cpu_only", "cpu_and_gpu", "cpu_and_ne")
 COMPUTE_PRECISIONS = ("float16", "float32")

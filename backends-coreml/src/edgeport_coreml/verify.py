@@ -26,12 +26,12 @@ from edgeport.aot.partitioner import DELEGATION_TAG
 from edgeport.aot.to_backend import extract_subprogram
 from edgeport.errors import LoweringError
 from edgeport.isolation import WorkerCrashed
-from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
+from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec, UnconvertiblePartition
 
 __all__ = ["WORKER", "clear_conversion_cache", "lower_in_process", "lower_to_blob", "program_key",
            "refuse_unconvertible"]
 
-_CACHE: OrderedDict[str, tuple[bytes, dict[str, tuple[int, ...]] | None] | str] = OrderedDict()
+_CACHE: OrderedDict[str, tuple[bytes, dict[str, tuple[int, ...]] | None] | LoweringError] = OrderedDict()
 _CACHE_SIZE = 32
 WORKER = "coremltools"  #: the ``edgeport.isolation`` worker key
 
@@ -110,23 +110,25 @@ def lower_in_process(program: Any, options: CoreMLCompileSpec) -> tuple[bytes, d
 
 
 def lower_to_blob(program: Any, options: CoreMLCompileSpec) -> tuple[bytes, dict[str, tuple[int, ...]] | None]:
-    """The delegate blob of ``program`` and its debug-handle map (cached); ``LoweringError`` when it does not
-    convert (the same error again for the same partition, without converting twice)."""
+    """The delegate blob of ``program`` and its debug-handle map (cached); :class:`UnconvertiblePartition` when
+    coremltools cannot make a model of it (a crashed worker included), another ``LoweringError`` for a
+    configuration error (the same error again for the same partition, without converting twice)."""
     key = program_key(program, options)
     hit = _CACHE.get(key)
     if hit is None:
         try:
             hit = _lower(program, options)
         except WorkerCrashed as exc:  # its detail is the worker's native stack: keep the signal
-            hit = f"{COREML_BACKEND_ID}: coremltools' conversion crashed its worker process ({_how(exc)})"
+            hit = UnconvertiblePartition(f"{COREML_BACKEND_ID}: coremltools' conversion crashed its worker process "
+                                         f"({_how(exc)})")
         except LoweringError as exc:
-            hit = str(exc)
+            hit = exc
         _CACHE[key] = hit
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
-    if isinstance(hit, str):
-        raise LoweringError(hit)
+    if isinstance(hit, LoweringError):
+        raise hit
     return hit
 
 
@@ -142,8 +144,10 @@ def _fails(program: Any, options: CoreMLCompileSpec, whole: bool = True) -> str 
             _isolated(program, options, False, lambda: convert_partition(program, options))
     except WorkerCrashed as exc:
         return f"{COREML_BACKEND_ID}: coremltools' conversion crashed its worker process ({_how(exc)})"
-    except LoweringError as exc:
+    except UnconvertiblePartition as exc:
         return str(exc)
+    except LoweringError:
+        return None  # a configuration error (compile specs vs deployment target): preprocess reports it
     return None
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from edgeport.backend import CompileSpec, PreprocessResult
 from edgeport.errors import LoweringError
-from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
+from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec, UnconvertiblePartition
 from edgeport_coreml.preprocess.inputs import enumerated_inputs
 from edgeport_coreml.preprocess.normalize import (
     contiguous_user_inputs,
@@ -79,7 +79,7 @@ def convert_partition(edge_program: Any, options: CoreMLCompileSpec) -> Any:
                 skip_model_load=True,
             )
     except Exception as exc:  # noqa: BLE001 - coremltools raises many kinds; report them as a lowering error
-        raise LoweringError(f"{COREML_BACKEND_ID}: coremltools {ct.__version__} could not convert the partition: "
+        raise UnconvertiblePartition(f"{COREML_BACKEND_ID}: coremltools {ct.__version__} could not convert the partition: "
                             f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -128,9 +128,9 @@ def write_delegate_directory(mlmodel: Any, directory: Path, model_type: str = "m
     inputs = [i.name for i in spec.description.input]
     outputs = [o.name for o in spec.description.output]
     if not outputs:
-        raise LoweringError(f"{COREML_BACKEND_ID}: the converted partition has no outputs")
+        raise UnconvertiblePartition(f"{COREML_BACKEND_ID}: the converted partition has no outputs")
     if not inputs and spec.specificationVersion < 9:
-        raise LoweringError(f"{COREML_BACKEND_ID}: a partition without inputs needs minimum_deployment_target "
+        raise UnconvertiblePartition(f"{COREML_BACKEND_ID}: a partition without inputs needs minimum_deployment_target "
                             "iOS18 or later")
     model_dir = directory / MODEL_DIR
     model_dir.mkdir(parents=True)

@@ -13,9 +13,8 @@ import contextlib
 import io
 from typing import Any
 
-from edgeport.errors import LoweringError
 from edgeport_coreml.compression import LINEAR_QUANTIZER_KEY, PALETTIZER_KEY
-from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
+from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec, UnconvertiblePartition
 
 __all__ = ["compress_weights"]
 
@@ -38,5 +37,5 @@ def compress_weights(mlmodel: Any, options: CoreMLCompileSpec) -> Any:
                 return cto.linear_quantize_weights(mlmodel, config=opt)
             return cto.palettize_weights(mlmodel, config=opt)
     except Exception as exc:  # noqa: BLE001 - coremltools raises many kinds; report them as a lowering error
-        raise LoweringError(f"{COREML_BACKEND_ID}: weight compression ({key}) failed in coremltools: "
+        raise UnconvertiblePartition(f"{COREML_BACKEND_ID}: weight compression ({key}) failed in coremltools: "
                             f"{type(exc).__name__}: {exc}") from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeport.errors import LoweringError
-from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec
+from edgeport_coreml.options import COREML_BACKEND_ID, CoreMLCompileSpec, UnconvertiblePartition
 from edgeport_coreml.shapes import symbolic_shape
 
 __all__ = ["enumerated_inputs"]
@@ -30,7 +30,7 @@ def enumerated_inputs(program: Any, options: CoreMLCompileSpec) -> list[Any] | N
         dims = symbolic_shape(val.shape, program.range_constraints)
         dtype = TORCH_DTYPE_TO_MIL_DTYPE.get(val.dtype)
         if dtype is None:
-            raise LoweringError(f"{COREML_BACKEND_ID}: input {node.name!r} has dtype {val.dtype}, which Core ML "
+            raise UnconvertiblePartition(f"{COREML_BACKEND_ID}: input {node.name!r} has dtype {val.dtype}, which Core ML "
                                 "inputs cannot take")
         if all(isinstance(d, int) for d in dims):
             inputs.append(ct.TensorType(name=node.name, shape=tuple(dims), dtype=dtype))
