@@ -90,3 +90,17 @@ def test_compiler_messages_name_nodes_only_when_quoted_or_leading():
     nodes = [torch.fx.Graph().placeholder(n) for n in ("sigmoid", "add", "conv")]
     named = _named("partition 'tag2': sigmoid (aten.sigmoid.default): needs a quantize; add 'conv' here", nodes)
     assert [n.name for n in named] == ["sigmoid", "conv"]
+
+
+def test_a_partition_still_refused_after_the_last_round_goes_to_the_cpu_whole(planted, monkeypatch):
+    from edgeport_arm import partitioner as arm_partitioner
+
+    planted("refuse_depthwise")
+    monkeypatch.setattr(arm_partitioner, "_MAX_TRIAL_ROUNDS", 1)
+    partitioner = EthosUPartitioner(EthosUCompileSpec(TARGET), cpu_fallback=True)
+    lowered, x = _lower(partitioner)
+    [refusal] = partitioner.refusals
+    assert "whole partition" in refusal.how and DEPTHWISE in refusal.culprits and len(refusal.culprits) > 2
+    assert "delegated to" not in lowered.program.delegation_summary()
+    outs, _ = run(lowered.program.buffer, [x])
+    assert sqnr_db(lowered.converted(x).detach().numpy(), outs[0]) >= 35.0

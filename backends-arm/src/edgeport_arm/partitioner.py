@@ -159,9 +159,9 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
         banned: dict[torch.fx.Node, str] = {}
         known_good: set[frozenset[str]] = set()
         by_name = {n.name: n for n in exported_program.graph.nodes}
-        for _ in range(_MAX_TRIAL_ROUNDS):
+        for rnd in range(_MAX_TRIAL_ROUNDS + 1):
             result = self._partition_banning(exported_program, banned)
-            if not self.trial_compile:
+            if not self.trial_compile or rnd == _MAX_TRIAL_ROUNDS:
                 break
             groups: dict[str, list[torch.fx.Node]] = {}
             for node in exported_program.graph.nodes:
@@ -173,13 +173,14 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
             if not refusals:
                 break
             for refusal in refusals:
+                if rnd == _MAX_TRIAL_ROUNDS - 1:  # still refusing: give up on the whole partition
+                    refusal.culprits = [n.name for n in groups[refusal.partition]
+                                        if n.op == "call_function" and n.target.__name__ != "getitem"]
+                    refusal.how = f"the whole partition: still refused after {_MAX_TRIAL_ROUNDS} rounds"
                 self.refusals.append(refusal)
                 for name in refusal.culprits:
                     node = by_name[name]
                     banned[node] = f"{op_name(node.target)}: {refusal.reason(name)}"
-        else:
-            raise LoweringError(f"{self.backend_id}: partitions were still refused after {_MAX_TRIAL_ROUNDS} rounds of "
-                                "moving nodes to the CPU; last refusal: " + self.refusals[-1].reason("(node)"))
         if self.integer and not self.cpu_fallback:
             self._refuse_float_leftovers(exported_program)
         return result
