@@ -133,3 +133,17 @@ def test_a_conversion_that_crashes_its_worker_is_refused_not_fatal(monkeypatch):
     verify.clear_conversion_cache()
     assert list(p.rejections) == ["relu"], p.rejections
     assert "crashed its worker process (killed by SIGSEGV)" in p.rejections["relu"], p.rejections["relu"]
+
+
+class PermutedInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.permute(0, 2, 1)) * 2.0
+
+
+def test_a_partition_fed_by_a_strided_edge_value_converts():
+    """``permute_copy`` left on the CPU: its edge value keeps the permute's strides, the program materializes it
+    contiguous, and coremltools (which refuses non-contiguous inputs) converts the partition after it."""
+    p = CoreMLPartitioner(skip_ops_for_coreml_delegation=["aten.permute_copy.default"])
+    edge = to_edge_transform_and_lower(torch.export.export(PermutedInput(), (torch.randn(1, 3, 4),)), partitioner=[p])
+    assert list(p.rejections) == ["permute"], p.rejections
+    assert any("delegate" in str(n.target) for n in edge.exported_program().graph.nodes)
