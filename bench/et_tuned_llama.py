@@ -127,18 +127,90 @@ def build_tuned(size: str = "small", scheme: str = "fp32", *, max_seq_len: int =
     return TunedProgram(pte, params, scheme, max_seq_len, max_context_len, module)
 
 
+def et_stepper(pte_path: str, threads: int = 1) -> Any:
+    """``step(tokens [1, n] int64, start) -> last logits`` on ExecuTorch's runtime (its Python bindings), with
+    the ``llama::`` kernels registered as ExecuTorch's own runner does (importing ``custom_ops``)."""
+    import numpy as np
+    import torch
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - registers the llama:: kernels
+    from executorch.extension.pybindings import portable_lib
+    from executorch.runtime import Runtime
+
+    if hasattr(portable_lib, "_unsafe_reset_threadpool"):
+        portable_lib._unsafe_reset_threadpool(threads)
+    method = Runtime.get().load_program(pte_path).load_method("forward")
+
+    def step(ids: Any, start: int) -> Any:
+        out = method.execute([torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
+                              torch.tensor([start], dtype=torch.long)])[0]
+        return out.numpy().reshape(-1, out.shape[-1])[-1].copy()
+
+    return step
+
+
+def greedy(step: Any, prompt: list[int], new: int) -> tuple[list[int], list[Any]]:
+    """Prefill ``prompt`` in one call from position 0, then decode ``new - 1`` tokens one at a time (ExecuTorch's
+    runner with a prompt shorter than ``get_max_seq_len``); the tokens and each step's logits."""
+    import numpy as np
+
+    logits = [step(np.array([prompt], dtype=np.int64), 0)]
+    tokens = [int(np.argmax(logits[-1]))]
+    while len(tokens) < new:
+        logits.append(step(np.array([[tokens[-1]]], dtype=np.int64), len(prompt) + len(tokens) - 1))
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, logits
+
+
+def et_greedy_in_child(pte: bytes, prompt: list[int], new: int, timeout: float = 600.0) -> tuple[list[int], Any]:
+    """:func:`greedy` on ExecuTorch's runtime in a child process (a crash fails the caller, not the process):
+    the tokens and a ``[new, vocab]`` array of logits."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="edgeport-et-tuned-run-") as tmp:
+        path = Path(tmp) / "program.pte"
+        path.write_bytes(pte)
+        out = Path(tmp) / "logits.npy"
+        proc = subprocess.run([sys.executable, __file__, "greedy", str(path), "--prompt", ",".join(map(str, prompt)),
+                               "--new", str(new), "--logits", str(out)], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ExecuTorch's runtime failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        tokens = json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
+        return tokens, np.load(out)
+
+
 def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="small", choices=sorted(SIZES))
-    ap.add_argument("--scheme", default="fp32", choices=SCHEMES)
-    ap.add_argument("--max-seq-len", type=int, default=64)
-    ap.add_argument("--max-context-len", type=int, default=64)
-    ap.add_argument("-o", "--output", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="write ExecuTorch's tuned program")
+    b.add_argument("--size", default="small", choices=sorted(SIZES))
+    b.add_argument("--scheme", default="fp32", choices=SCHEMES)
+    b.add_argument("--max-seq-len", type=int, default=64)
+    b.add_argument("--max-context-len", type=int, default=64)
+    b.add_argument("-o", "--output", required=True)
+    g = sub.add_parser("greedy", help="greedy tokens on ExecuTorch's runtime (JSON on stdout)")
+    g.add_argument("pte")
+    g.add_argument("--prompt", required=True, help="comma-separated token ids")
+    g.add_argument("--new", type=int, default=24)
+    g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--logits", help="write the logits of every step here (.npy)")
     args = ap.parse_args()
-    built = build_tuned(args.size, args.scheme, max_seq_len=args.max_seq_len, max_context_len=args.max_context_len)
-    Path(args.output).write_bytes(built.pte)
+    if args.cmd == "build":
+        built = build_tuned(args.size, args.scheme, max_seq_len=args.max_seq_len,
+                            max_context_len=args.max_context_len)
+        Path(args.output).write_bytes(built.pte)
+        return
+    import numpy as np
+
+    tokens, logits = greedy(et_stepper(args.pte, args.threads), [int(t) for t in args.prompt.split(",")], args.new)
+    if args.logits:
+        np.save(args.logits, np.stack(logits))
+    print(json.dumps({"tokens": tokens}))
 
 
 if __name__ == "__main__":
