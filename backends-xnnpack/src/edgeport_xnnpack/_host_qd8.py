@@ -26,7 +26,11 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler
     _qd8 = None
 
-__all__ = ["kernel_available", "qd8_op"]
+__all__ = ["MIN_PARALLEL_MACS", "kernel_available", "qd8_op"]
+
+#: products smaller than this run on the calling thread: a pool call waits for every worker to check in, which on
+#: a busy CPU (a worker not scheduled) cost ~16 ms per call here for a 0.3 ms decode step of 2048 x 2048
+MIN_PARALLEL_MACS = 1 << 24
 
 
 def kernel_available() -> bool:
@@ -47,7 +51,7 @@ def qd8_op(n: XNode, in_shape: tuple[int, ...], out_shape: tuple[int, ...], pool
     lo, hi = n.output_min_max or (-math.inf, math.inf)
     if math.isnan(lo) or math.isnan(hi) or lo > hi:
         raise ValueError(f"bad output range ({lo}, {hi})")
-    handle = getattr(pool, "handle", None) or 0
+    handle = (getattr(pool, "handle", None) or 0) if rows * q.k * q.n >= MIN_PARALLEL_MACS else 0
     parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if handle else 0
     fc = _qd8.fc
 
