@@ -110,6 +110,12 @@ _TABLE = (
     OpCapability("aten.convolution.default", _F, _conv, "CONV2D / DEPTHWISE_CONV2D (NHWC)"),
     OpCapability("aten.linear.default", _F, _static, "1x1 CONV2D"),
     OpCapability("aten.mm.default", _F, _static, "MATMUL (int8: int32 result, one RESCALE)"),
+    OpCapability("aten.addmm.default", _F, lambda n: _static(n) or (
+        "beta or alpha other than 1" if n.kwargs.get("beta", 1) != 1 or n.kwargs.get("alpha", 1) != 1 else None),
+        "MATMUL + ADD (float graphs only)"),
+    OpCapability("aten.pow.Tensor_Scalar", _F, lambda n: _static(n) or (
+        None if n.args[1] in (2, 3) and not isinstance(n.args[1], bool) else f"exponent {n.args[1]!r} (2 and 3 only)"),
+        "MUL (squares and cubes; float graphs only)"),
     OpCapability("aten.bmm.default", _F, _static, "MATMUL (int8: int32 result, one RESCALE)"),
     OpCapability("aten.add.Tensor", _F, _alpha, "ADD (int8: both inputs RESCALEd to int32)"),
     OpCapability("aten.sub.Tensor", _F, _alpha, "SUB"),
@@ -159,6 +165,8 @@ _QUANT = (
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
 INT8_UNSUPPORTED: dict[str, str] = {
+    "aten.addmm.default": "no int8 lowering (the quantizers leave addmm in float)",
+    "aten.pow.Tensor_Scalar": "no int8 lowering (the quantizers leave pow in float)",
     "aten._softmax.default": "int8 softmax is lowered from its decomposition (EthosUQuantizer / TOSAQuantizer "
                              "decompose it before annotating); a whole softmax here was left in float",
     "aten.native_layer_norm.default": "int8 layer norm is lowered from its decomposition (EthosUQuantizer / "

@@ -91,3 +91,15 @@ def add_scalar(ctx: Lowering, node: torch.fx.Node) -> Value:
     const = ctx.g.const(np.full((1,) * rank, round(c / fine)), DType.INT32, "addend")
     out = binary(ctx, Op.ADD, "AddAttribute", ints, const, x.shape, DType.INT32)
     return x.with_(name=out, dtype=DType.INT32, q=None, acc_scale=fine)
+
+
+def power(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """``pow.Tensor_Scalar`` by 2 or 3 (RMSNorm's square, GPT-2's tanh GELU cube) as MULs, in float graphs."""
+    exponent = node.args[1]
+    if ctx.integer or exponent not in (2, 3):
+        raise LoweringError(f"pow by {exponent!r}: only squares and cubes of float tensors are lowered")
+    x = ctx.value(node.args[0])
+    out = mul(ctx, x.name, x.name, x.shape, DType.FP32)
+    if exponent == 3:
+        out = mul(ctx, out, x.name, x.shape, DType.FP32)
+    return x.with_(name=out)
