@@ -146,6 +146,13 @@ def _pool(node: Any) -> str | None:
     return None
 
 
+def _resize(node: Any) -> str | None:
+    s, out = shape(node.args[0]), shape(node)
+    if s is None or len(s) != 4 or out is None or len(out) != 4:
+        return "only 4-D (NCHW) inputs with a static output size"
+    return None
+
+
 def _avg_pool(node: Any) -> str | None:
     why = _pool(node)
     if why:
@@ -372,6 +379,7 @@ CAPABILITIES = CapabilityTable((
     _cap("aten.avg_pool2d.default", _avg_pool, notes="no ceil_mode / divisor_override"),
     _cap("aten.mean.dim", _mean, notes="over H and W of a 4-D tensor: global average pooling"),
     _cap("aten._adaptive_avg_pool2d.default", _adaptive, notes="output size dividing the input"),
+    _cap("aten.upsample_bilinear2d.vec", _resize, notes="4-D, static output size; align_corners either way"),
     _cap("aten._softmax.default", _softmax, notes="last dimension"),
     _cap("aten.native_layer_norm.default", _layer_norm, notes="over the trailing dims: two fully connected "
          "reductions (mean, variance + eps), subtract, square, square root, divide, multiply, add; mean / rstd "

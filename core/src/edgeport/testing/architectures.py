@@ -147,6 +147,23 @@ def llama(seed: int = 0, size: str = "small") -> Architecture:
         "logits", seed, size)
 
 
+def qwen2(seed: int = 0, size: str = "small") -> Architecture:
+    """A Qwen2-style decoder: grouped-query attention with a single KV head, biased q/k/v projections, tied
+    embeddings."""
+    return _text("qwen2", lambda T, s: T.Qwen2ForCausalLM(T.Qwen2Config(
+        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=1, max_position_embeddings=max(64, s["max_seq"]),
+        use_cache=False, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)), "logits", seed, size)
+
+
+def mobilenet_v2_seg(seed: int = 0, size: str = "small") -> Architecture:
+    """Semantic segmentation: a MobileNetV2 backbone (depthwise convs, ReLU6, BatchNorm) and a DeepLabV3 head whose
+    image-pooling branch is upsampled (bilinear) back to the feature map."""
+    return _vision("mobilenet_v2_seg", lambda T, s: T.MobileNetV2ForSemanticSegmentation(T.MobileNetV2Config(
+        num_channels=3, image_size=s["image"], depth_multiplier=0.35, num_labels=4, output_stride=8,
+        semantic_loss_ignore_index=255)), "logits", seed, size)
+
+
 def vit(seed: int = 0, size: str = "small") -> Architecture:
     return _vision("vit", lambda T, s: T.ViTModel(T.ViTConfig(
         image_size=s["image"], patch_size=8, num_channels=3, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
@@ -171,13 +188,15 @@ ARCHITECTURES: dict[str, Callable[..., Architecture]] = {
     "gpt2": gpt2,
     "t5_encoder": t5_encoder,
     "llama": llama,
+    "qwen2": qwen2,
     "vit": vit,
     "convnext": convnext,
     "resnet": resnet,
+    "mobilenet_v2_seg": mobilenet_v2_seg,
 }
 """Architecture name -> builder ``(seed=0, size="small") -> Architecture``."""
 
-TEXT_ARCHITECTURES = ("bert", "distilbert", "gpt2", "t5_encoder", "llama")
+TEXT_ARCHITECTURES = ("bert", "distilbert", "gpt2", "t5_encoder", "llama", "qwen2")
 
 
 def scale_error(got: Any, want: Any) -> float:

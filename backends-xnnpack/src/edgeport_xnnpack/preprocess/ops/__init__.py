@@ -14,6 +14,7 @@ from edgeport_xnnpack.preprocess.ops import (  # noqa: F401
     permute,
     pool,
     reshape,
+    resize,
     slice,
     softmax,
     unary,
