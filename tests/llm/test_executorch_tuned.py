@@ -137,6 +137,8 @@ def test_kernels_refuse_bad_input_clearly():
         sdpa(np.ones((1, 2, 3, 4), f32), cache, cache, 0, None, 0.0, True, None, np.empty((1, 2, 3, 4), f32))
     with pytest.raises(RuntimeExecutionError, match=r"attn_mask \[2, 4\] must be \[seq, keys\] = \[2, 8\]"):
         sdpa(q, cache, cache, 0, np.zeros((2, 4), f32), 0.0, False, None, np.empty_like(q))
+    with pytest.raises(RuntimeExecutionError, match="cannot both be set"):
+        sdpa(q, cache, cache, 0, np.zeros((2, 8), f32), 0.0, True, None, np.empty_like(q))
     with pytest.raises(RuntimeExecutionError, match="4-dimensional"):
         sdpa(q[0], cache, cache, 0, None, 0.0, True, None, np.empty_like(q))
     with pytest.raises(RuntimeExecutionError, match="power of two"):

@@ -14,8 +14,8 @@ head_dim]``. Grouped-query attention: query head ``h`` reads kv head ``h // (hea
   scale=None, *, out)``: attention of ``query`` (positions ``start_pos .. start_pos + seq - 1``) over ``key`` /
   ``value`` (usually the whole caches). Without a mask it reads the first ``start_pos + seq`` keys, and with
   ``is_causal`` query ``i`` sees keys ``0 .. start_pos + i``. With ``attn_mask`` (float ``[seq, keys]``, added to
-  the scores) it reads every key of ``key``. ``scale`` defaults to ``1 / sqrt(head_dim)``; dropout is ignored
-  (inference).
+  the scores; not together with ``is_causal``) it reads every key of ``key``. ``scale`` defaults to
+  ``1 / sqrt(head_dim)``; dropout is ignored (inference).
 * ``llama::sdpa_with_kv_cache.out(query, key, value, key_cache(a!), value_cache(b!), start_pos, seq_len,
   attn_mask=None, drpout_p=0, is_causal=False, scale=None, *, out)``: ``update_cache`` of ``key`` and ``value``
   at ``start_pos``, then ``custom_sdpa`` of ``query`` over the caches.
@@ -114,6 +114,9 @@ def _attention(query: np.ndarray, key: np.ndarray, value: np.ndarray, start_pos:
         raise RuntimeExecutionError(f"{op}: {hq} query heads are not a multiple of {hkv} key/value heads")
     start = int(start_pos)
     if attn_mask is not None:
+        if is_causal:
+            raise RuntimeExecutionError(f"{op}: attn_mask and is_causal cannot both be set (the mask says which keys "
+                                        "each query sees)")
         if attn_mask.ndim != 2 or attn_mask.dtype not in _FLOATS:
             raise RuntimeExecutionError(f"{op}: attn_mask must be a 2-D float tensor, got {attn_mask.dtype} "
                                         f"{list(attn_mask.shape)}")
