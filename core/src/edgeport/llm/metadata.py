@@ -59,23 +59,22 @@ class LlmMetadata:
         """Read the metadata of a loaded :class:`edgeport.runtime.Program` (missing methods get ExecuTorch's
         runner defaults; ``get_max_seq_len`` and ``get_vocab_size`` are required)."""
         names = program.method_names
-
-        def get(name: str, default: Any = None) -> Any:
-            if name not in names:
-                return default
-            out = program.load_method(name).execute([])
-            return out
-
         missing = [n for n in ("get_max_seq_len", "get_vocab_size") if n not in names]
         if missing:
             raise ValueError(f"the program has no {', '.join(missing)} method(s): it is not a text-generation "
                              "program written by `edgeport export-llm` or ExecuTorch's export_llm")
-        one = lambda name, default: (lambda v: default if v is None else v[0])(get(name))  # noqa: E731
+
+        def values(name: str) -> list[Any]:
+            return list(program.load_method(name).execute([])) if name in names else []
+
+        def one(name: str, default: Any) -> Any:
+            found = values(name)
+            return found[0] if found else default
+
         max_seq = int(one("get_max_seq_len", 0))
-        eos = get("get_eos_ids") or []
         return cls(max_seq_len=max_seq, max_context_len=int(one("get_max_context_len", max_seq)),
                    vocab_size=int(one("get_vocab_size", 0)), bos_id=int(one("get_bos_id", 0)),
-                   eos_ids=tuple(int(e) for e in eos), n_layers=int(one("get_n_layers", 0)),
+                   eos_ids=tuple(int(e) for e in values("get_eos_ids")), n_layers=int(one("get_n_layers", 0)),
                    use_kv_cache=bool(one("use_kv_cache", True)),
                    use_sdpa_with_kv_cache=bool(one("use_sdpa_with_kv_cache", False)),
                    enable_dynamic_shape=bool(one("enable_dynamic_shape", True)))
