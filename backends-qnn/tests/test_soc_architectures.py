@@ -4,7 +4,9 @@ lowered with ``QnnPartitioner`` and run on edgeport's runtime (QNN HTP emulator)
 * fp32: ``edgeport.lower(model, inputs, backends=["QnnBackend"])`` within 1e-3 of eager PyTorch, relative to the
   output's scale (measured: 9e-8 to 4e-7).
 * 8a8w: the pt2e-converted model (``QnnQuantizer``, calibrated on 4 random batches and the example) is the oracle;
-  the QNN program's SQNR against eager must be within 1 dB of the converted model's own SQNR against eager.
+  the QNN program's SQNR against eager must be within 1 dB of the converted model's own SQNR against eager (when
+  the converted model is below 0 dB against eager, e.g. an output far smaller than one output step: QNN within 2
+  output steps of it).
   ResNet in the default run, the rest with ``-m slow`` (10-40 s each on the emulator).
 
 Named ``test_soc_*`` to run after the modules that build float32 graphs in the test process: running a quantized
@@ -75,9 +77,15 @@ def test_int8(name):
     eager = eager_outputs(arch)
     with torch.no_grad():
         oracle = converted(*inputs).numpy()
-    program = edgeport.to_edge_transform_and_lower(torch.export.export(converted, inputs),
-                                                   partitioner=[QnnPartitioner()]).to_executorch()
+    ep_converted = torch.export.export(converted, inputs)
+    program = edgeport.to_edge_transform_and_lower(ep_converted, partitioner=[QnnPartitioner()]).to_executorch()
     got = _run(program, inputs)
     ours, theirs = _sqnr(got, eager), _sqnr(oracle, eager)
+    if theirs < 0:  # the pt2e model does not represent eager at all (e.g. an output far below one output step)
+        (out,) = [n for n in ep_converted.graph.nodes if n.op == "output"][0].args[0]
+        step = float(out.args[1]) if "dequantize_per_tensor" in str(out.target) else float(np.abs(oracle).max())
+        assert np.abs(got - oracle).max() <= 2 * step, f"{name}: pt2e vs eager {theirs:.1f} dB; QNN is more " \
+                                                       "than 2 output steps from the pt2e model"
+        return
     assert ours >= theirs - 1.0, f"{name}: QNN {ours:.1f} dB vs eager; its pt2e model {theirs:.1f} dB " \
                                  f"(QNN vs pt2e {_sqnr(got, oracle):.1f} dB)"
