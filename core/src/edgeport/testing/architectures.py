@@ -105,10 +105,26 @@ def _text(name: str, make: Callable[[Any, dict[str, int]], Any], key: str, seed:
     return arch
 
 
-def _vision(name: str, make: Callable[[Any, dict[str, int]], Any], key: str, seed: int, size: str) -> Architecture:
+def _calibrate_batch_norm(model: Any, image: int, seed: int) -> None:
+    """Set BatchNorm running statistics from a few random batches (train-mode forwards), as a trained model would
+    have them: with the initial ones (mean 0, variance 1) a deep random CNN's output collapses towards zero."""
+    torch = _torch()
+    gen = torch.Generator().manual_seed(seed + 7)
+    model.train()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # dropout draws from the global RNG: leave it be
+        torch.manual_seed(seed)
+        for _ in range(4):
+            model(torch.randn(4, 3, image, image, generator=gen))
+    model.eval()
+
+
+def _vision(name: str, make: Callable[[Any, dict[str, int]], Any], key: str, seed: int, size: str,
+            calibrate_bn: bool = False) -> Architecture:
     torch = _torch()
     s = _size(size)
     model = _build(make, key, seed, size)
+    if calibrate_bn:
+        _calibrate_batch_norm(model, s["image"], seed)
     gen = torch.Generator().manual_seed(seed)
     return Architecture(name, model, (torch.randn(1, 3, s["image"], s["image"], generator=gen),), kind="vision",
                         seed=seed)
@@ -158,10 +174,10 @@ def qwen2(seed: int = 0, size: str = "small") -> Architecture:
 
 def mobilenet_v2_seg(seed: int = 0, size: str = "small") -> Architecture:
     """Semantic segmentation: a MobileNetV2 backbone (depthwise convs, ReLU6, BatchNorm) and a DeepLabV3 head whose
-    image-pooling branch is upsampled (bilinear) back to the feature map."""
+    image-pooling branch is upsampled (bilinear) back to the feature map; BatchNorm statistics calibrated."""
     return _vision("mobilenet_v2_seg", lambda T, s: T.MobileNetV2ForSemanticSegmentation(T.MobileNetV2Config(
         num_channels=3, image_size=s["image"], depth_multiplier=0.35, num_labels=4, output_stride=8,
-        semantic_loss_ignore_index=255)), "logits", seed, size)
+        semantic_loss_ignore_index=255)), "logits", seed, size, calibrate_bn=True)
 
 
 def vit(seed: int = 0, size: str = "small") -> Architecture:
