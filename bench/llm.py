@@ -8,14 +8,19 @@ child process (so its peak RSS is its own), interleaved over ``--rounds``:
 * ``edgeport``: edgeport's program on edgeport's runtime;
 * ``et``: ExecuTorch's program on ExecuTorch's runtime (its Python bindings);
 * ``edgeport-on-et``: edgeport's program on ExecuTorch's runtime;
-* ``eager``: the same static-cache module in eager PyTorch (fp32 and torchao-quantized).
+* ``eager``: the same static-cache module in eager PyTorch (fp32 and torchao-quantized);
+* ``et-tuned``: ExecuTorch's tuned LLM program of the same shapes (its own Llama with its custom ``llama::``
+  KV-cache / SDPA ops, ``export_llama`` with XNNPACK, built by ``bench/et_tuned_llama.py``) on ExecuTorch's runtime.
+  Its weights are its own random ones, so its tokens are not comparable with the others; its speed is;
+* ``edgeport-on-tuned``: that same tuned program on edgeport's runtime (portable ``llama::`` kernels).
 
 Each child prefills a ``--prompt``-token prompt in one call, then greedily decodes ``--new`` tokens; it reports
 time to first token, prefill and decode tokens/s (medians over rounds) and its peak RSS. Lowering time and
 ``.pte`` size come from the parent. All contenders run with ``--threads`` threads (default 1).
 
-ExecuTorch's tuned LLM flow (its custom SDPA / KV-cache ops and ``_llm_runner``) is not a contender yet: it needs
-the model rewritten with ExecuTorch's attention module, which the Hugging Face export path does not do.
+The tuned programs take the start position (``input_pos [1]``) instead of one cache position per token, and are
+exported with ``max_seq_len = prompt + 1`` (ExecuTorch bounds the token count at ``max_seq_len - 1``); only the
+``medium`` size has one.
 
 Usage::
 
@@ -45,7 +50,9 @@ sys.path.insert(0, str(BENCH_DIR))
 from xnnpack_bench.machine import cpu_model, loadavg  # noqa: E402
 
 SECTION_TITLE = "## LLM generation"
-CONTENDERS = ("edgeport", "et", "edgeport-on-et", "eager")
+CONTENDERS = ("edgeport", "et", "edgeport-on-et", "eager", "et-tuned", "edgeport-on-tuned")
+#: contender -> the program it runs, when not its own
+PROGRAM_OF = {"edgeport-on-et": "edgeport", "edgeport-on-tuned": "et-tuned"}
 
 
 def _flags() -> str:
@@ -92,20 +99,39 @@ def build(size: str, scheme: str, context: int, chunk: int, work: Path) -> dict[
     paths["et"].write_bytes(et_pte)
     eager_path = work / f"{size}-{scheme}-eager.pt"
     torch.save({"size": size, "scheme": scheme}, eager_path)
-    return {"lower_s": {"edgeport": ours_s, "et": et_s}, "pte_bytes": {"edgeport": len(ours_pte), "et": len(et_pte)},
-            "paths": {k: str(v) for k, v in paths.items()}, "vocab": ours.metadata.vocab_size}
+    built = {"lower_s": {"edgeport": ours_s, "et": et_s}, "pte_bytes": {"edgeport": len(ours_pte), "et": len(et_pte)},
+             "paths": {k: str(v) for k, v in paths.items()}, "vocab": ours.metadata.vocab_size}
+    from et_tuned_llama import SIZES as TUNED_SIZES
+    from et_tuned_llama import build_tuned
+
+    if size in TUNED_SIZES:
+        t = time.perf_counter()
+        tuned = build_tuned(size, scheme, max_seq_len=chunk + 1, max_context_len=context)
+        built["lower_s"]["et-tuned"] = time.perf_counter() - t
+        built["pte_bytes"]["et-tuned"] = len(tuned.pte)
+        path = work / f"{size}-{scheme}-et-tuned.pte"
+        path.write_bytes(tuned.pte)
+        built["paths"]["et-tuned"] = str(path)
+    return built
 
 
 # -- child: one contender --------------------------------------------------------------------------------------
 def _stepper(contender: str, args: argparse.Namespace) -> Any:
     import numpy as np
 
-    if contender == "edgeport":
+    if contender in ("edgeport", "edgeport-on-tuned"):
         from edgeport.runtime import Runtime
 
         method = Runtime.get().load_program(args.pte).load_method(
             backend_options={"XnnpackBackend": {"num_threads": args.threads}})
+        if contender == "edgeport-on-tuned":  # ExecuTorch's llama export takes the start position
+            return lambda ids, pos: method.execute([ids, pos[:1]])[0]
         return lambda ids, pos: method.execute([ids, pos])[0]
+    if contender == "et-tuned":
+        from et_tuned_llama import et_stepper
+
+        step = et_stepper(args.pte, args.threads)
+        return lambda ids, pos: step(ids, int(pos[0]))
     if contender in ("et", "edgeport-on-et"):
         import torch
         from executorch.extension.pybindings import portable_lib
@@ -201,7 +227,10 @@ def main() -> None:
                 errors: dict[str, str] = {}
                 for _ in range(args.rounds):
                     for contender in CONTENDERS:
-                        pte = built["paths"].get("edgeport" if contender == "edgeport-on-et" else contender)
+                        pte = built["paths"].get(PROGRAM_OF.get(contender, contender))
+                        if contender in ("et-tuned", "edgeport-on-tuned") and pte is None:
+                            errors[contender] = f"no tuned program of size {size} (bench/et_tuned_llama.py)"
+                            continue
                         res = run_child(contender, size, scheme, pte, args, built["vocab"])
                         if "error" in res:
                             errors[contender] = res["error"]
@@ -239,11 +268,14 @@ def report(rows: list[Any], args: argparse.Namespace) -> str:
                              + " |" * 7)
                 continue
             decode = _median(runs[c], "decode_tps")
-            prog = "edgeport" if c in ("edgeport", "edgeport-on-et") else c
+            prog = PROGRAM_OF.get(c, c)
             pte = built["pte_bytes"].get(prog)
             lower = built["lower_s"].get(prog)
-            same = "-" if eager_tokens is None or c == "eager" else (
+            same = "-" if eager_tokens is None or c in ("eager", "et-tuned") else (
                 "yes" if runs[c][0]["tokens"] == eager_tokens else "no")
+            if c == "edgeport-on-tuned":  # its own weights: compared with et-tuned's tokens
+                same = "-" if not runs["et-tuned"] else (
+                    "= et-tuned" if runs[c][0]["tokens"] == runs["et-tuned"][0]["tokens"] else "no (vs et-tuned)")
             lines.append(
                 f"| {size} | {scheme} | {c} | {decode:.1f} | {decode / et_decode:.2f}x | "
                 f"{_median(runs[c], 'prefill_tps'):.0f} | {_median(runs[c], 'ttft_s') * 1e3:.1f} | "
