@@ -95,3 +95,27 @@ def test_edgeport_runs_executorch_s_stateful_decoder_with_eager_tokens():
                                       constant_methods=metadata.constant_methods()).to_executorch().buffer
     runner = TextRunner(pte, backend_options={"XnnpackBackend": {"num_threads": 1}})
     assert runner.generate(prompt, GenerationConfig(max_new_tokens=new, stop_on_eos=False)).tokens == reference
+
+
+def test_undelegated_torchao_quantization_runs_on_portable_kernels():
+    """torchao's dynamic quantization left to the CPU (no partitioner): its decomposition writes
+    ``sub.Tensor(-128, x)``; the edge pass makes the number a 0-dim tensor, and both runtimes match torchao eager."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    import edgeport
+    from edgeport.testing.stock_runtime import run_program
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)))
+    x = torch.randn(3, 64)
+    pte = edgeport.to_edge(torch.export.export(model, (x,))).to_executorch().buffer
+    with torch.no_grad():
+        want = model(x).numpy()
+    got = Runtime.get().load_program(pte).load_method().execute([x.numpy()])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    stock = run_program(pte, [x.numpy()])
+    assert stock.ok, stock.describe() + "\n" + stock.log
+    np.testing.assert_allclose(stock.outputs[0], want, rtol=1e-5, atol=1e-6)

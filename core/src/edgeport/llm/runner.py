@@ -114,7 +114,8 @@ class TextRunner:
             raise ValueError(f"method {method!r} takes {len(meta.inputs)} inputs; a decoder program takes two "
                              "(tokens [1, n] and their positions)")
         self._positions_shape = tuple(meta.inputs[1].shape)
-        self._chunk = self.metadata.max_seq_len if self.metadata.enable_dynamic_shape else 1
+        planned = int(meta.inputs[0].shape[-1])  # ExecuTorch's export_llama bounds a call at get_max_seq_len - 1
+        self._chunk = max(1, min(self.metadata.max_seq_len, planned)) if self.metadata.enable_dynamic_shape else 1
 
     # -- one forward call ----------------------------------------------------------------------------------
     def _forward(self, tokens: Sequence[int], start: int) -> np.ndarray:

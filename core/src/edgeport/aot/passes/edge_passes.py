@@ -89,12 +89,29 @@ def _tensor_arguments(node: torch.fx.Node) -> list[tuple[int | str, object]]:
     return found
 
 
-def _wrap_symbolic_tensor_arguments(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+def _number_dtype(node: torch.fx.Node, value: object) -> torch.dtype:
+    """The dtype a Python number in a tensor argument keeps torch's promotion as a 0-dim tensor: a float takes
+    the floating dtype of the op's tensor arguments (else the default), an int int64, a bool bool."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return _scalar_dtype(value)
+    for _, other in _tensor_arguments(node):
+        val = other.meta.get("val") if isinstance(other, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.dtype.is_floating_point:
+            return val.dtype
+    return torch.get_default_dtype()
+
+
+def _wrap_symbolic_tensor_arguments(gm: torch.fx.GraphModule, node: torch.fx.Node, numbers: bool = False) -> bool:
+    """Put a 0-dim ``aten.scalar_tensor`` in front of each tensor argument that holds a symbolic size (and, with
+    ``numbers``, a plain Python number, such as the ``-128`` of ``sub.Tensor(-128, x)`` a decomposition wrote)."""
     changed = False
     for where, value in _tensor_arguments(node):
-        if not is_symbolic_scalar(value):
+        if numbers and isinstance(value, (int, float)):
+            dtype = _number_dtype(node, value)
+        elif is_symbolic_scalar(value):
+            dtype = _scalar_dtype(value.meta["val"])
+        else:
             continue
-        dtype = _scalar_dtype(value.meta["val"])
         with gm.graph.inserting_before(node):
             tensor = gm.graph.call_function(aten.scalar_tensor.default, (value,), {"dtype": dtype})
         mode = _fake_mode(gm)
@@ -123,6 +140,7 @@ def normalize_edge_ops(gm: torch.fx.GraphModule) -> bool:
         if replacement is not None:
             node.target = replacement
             changed = True
+        changed |= _wrap_symbolic_tensor_arguments(gm, node, numbers=True)
     if changed:
         gm.recompile()
     return changed
