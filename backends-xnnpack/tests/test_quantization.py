@@ -94,13 +94,16 @@ def test_conv_relu_is_quantized_as_one_pattern_with_per_channel_weights():
     gm = quantize(model, args)
     targets = _targets(gm)
     assert targets.count(_Q.quantize_per_tensor.default) == 2  # the input, the relu's output
-    assert targets.count(_Q.dequantize_per_channel.default) == 1  # the weight (folded to int8 by convert)
+    # the weight (folded to int8 by convert) and the bias (int32, scale input_scale * weight_scale)
+    assert targets.count(_Q.dequantize_per_channel.default) == 2
     relu = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.relu.default)
     assert relu.args[0].target == torch.ops.aten.conv2d.default  # no quantize between conv and relu
     weight_dq = relu.args[0].args[1]
     assert weight_dq.target == _Q.dequantize_per_channel.default
     assert weight_dq.args[4:7] == (-127, 127, torch.int8)  # symmetric int8, axis 0
     assert weight_dq.args[3] == 0
+    bias_dq = relu.args[0].args[2]
+    assert bias_dq.target == _Q.dequantize_per_channel.default and bias_dq.args[6] == torch.int32
 
 
 def test_per_tensor_weights_and_shared_parameters():

@@ -289,14 +289,18 @@ def _square(node: Any) -> str | None:
 _QUANT_DTYPES = {"torch.int8": (-128, 127)}
 
 
-def _qparams(node: Any) -> str | None:
+#: int32 dequantizes: the quantizer's biases (constants; the partitioner checks that), added as they are
+_BIAS_DTYPES = {**_QUANT_DTYPES, "torch.int32": (-(2**31), 2**31 - 1)}
+
+
+def _qparams(node: Any, dtypes: dict[str, tuple[int, int]] = _QUANT_DTYPES) -> str | None:
     """Checks the (scale, zero_point, quant_min, quant_max, dtype) arguments of a per-tensor (de)quantize."""
     names = ("scale", "zero_point", "quant_min", "quant_max", "dtype")
     vals = [arg(node, 1 + i, n) for i, n in enumerate(names)]
     scale, zp, qmin, qmax, dtype = vals
-    if str(dtype) not in _QUANT_DTYPES:
-        return f"quantized dtype {dtype} (only int8)"
-    lo, hi = _QUANT_DTYPES[str(dtype)]
+    if str(dtype) not in dtypes:
+        return f"quantized dtype {dtype} (only {' / '.join(d[6:] for d in dtypes)})"
+    lo, hi = dtypes[str(dtype)]
     if not (isinstance(qmin, int) and isinstance(qmax, int) and lo <= qmin < qmax <= hi):
         return f"quant range [{qmin}, {qmax}] outside [{lo}, {hi}]"
     if _is_node(scale) or _is_node(zp):
@@ -320,13 +324,13 @@ def _quantize(node: Any) -> str | None:
 
 
 def _dequantize(node: Any) -> str | None:
-    return _qparams(node)
+    return _qparams(node, _BIAS_DTYPES)
 
 
 def _dequantize_per_channel(node: Any) -> str | None:
     dtype = arg(node, 6, "dtype")
-    if str(dtype) not in _QUANT_DTYPES:
-        return f"quantized dtype {dtype} (only int8)"
+    if str(dtype) not in _BIAS_DTYPES:
+        return f"quantized dtype {dtype} (only int8 / int32)"
     return None
 
 
@@ -405,13 +409,13 @@ QUANTIZED_CAPABILITIES = CapabilityTable((
     OpCapability("quantized_decomposed.quantize_per_tensor.default", ("float32", "int8"),
                  constraint=_all(_quantize), notes="int8; absorbed into the int8 node before it, else "
                  "XNNConvert (float32 -> qint8); every user must be a dequantize"),
-    OpCapability("quantized_decomposed.dequantize_per_tensor.default", ("int8", "float32"),
+    OpCapability("quantized_decomposed.dequantize_per_tensor.default", ("int8", "int32", "float32"),
                  constraint=_all(_dequantize), notes="int8, of a delegated quantize or a constant; absorbed into "
-                 "the int8 nodes reading it, else XNNConvert (qint8 -> float32)"),
+                 "the int8 nodes reading it, else XNNConvert (qint8 -> float32); int32: a constant bias"),
     OpCapability("quantized_decomposed.dequantize_per_channel.default",
                  ("int8", "float32", "float64", "int32", "int64"), constraint=_all(_dequantize_per_channel),
                  notes="int8 constant weights (qcint8 filter of an int8 convolution / linear, else folded to "
-                 "float32)"),
+                 "float32); int32 constant biases (qcint32, as they are)"),
     OpCapability("quantized_decomposed.choose_qparams.tensor", ("float32", "float64", "int64"),
                  constraint=_dynamic, notes="dynamic int8 (XnnpackQuantizer(dynamic=True)): with the quantize / "
                  "dequantize after it, an XNNConvert to qdint8 (per-row parameters at run time) feeding linears"),

@@ -85,7 +85,7 @@ class QOp:
     out: QParams
     minmax: tuple[float, float] | None = None
     weight: Weight | None = None
-    bias: torch.Tensor | None = None
+    bias: torch.Tensor | None = None         # float, or int32 on the accumulator's scale (the quantizer's)
     weight_nodes: list[torch.fx.Node] = field(default_factory=list)
 
 

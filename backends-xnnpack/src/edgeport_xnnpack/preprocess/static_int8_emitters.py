@@ -90,8 +90,11 @@ def _weight_values(b: GraphBuilder, op: QOp, filt: torch.Tensor, channel_dim: in
     if op.bias is None:
         return filter_id, INVALID_ID
     bias_scales = (w.scales.astype(np.float64) * in_scale).reshape(-1)
-    raw = op.bias.detach().to(torch.float64).reshape(-1).numpy() / bias_scales
-    q = np.clip(np.rint(raw), -(2**31), 2**31 - 1).astype(np.int32)
+    if op.bias.dtype == torch.int32:  # the quantizer's int32 bias: exactly what the pt2e model adds
+        q = op.bias.numpy().astype(np.int32).reshape(-1)
+    else:  # a float bias (another quantizer's): rounded here
+        raw = op.bias.detach().to(torch.float64).reshape(-1).numpy() / bias_scales
+        q = np.clip(np.rint(raw), -(2**31), 2**31 - 1).astype(np.int32)
     if w.per_channel:
         bias_id = _constant(b, q, QCINT32, PerChannelQuant([float(s) for s in bias_scales.astype(np.float32)], 0, 0, len(bias_scales)))
     else:

@@ -189,13 +189,15 @@ class QuantPlan:
         weight = self._weight(w_node, node)
         if kind == "linear" and weight.data.dim() != 2:
             raise _Skip("linear weight is not 2-D")
-        bias = None
-        if bias_node is not None:
-            bias = self._constant(bias_node)
-            if bias is None or not bias.is_floating_point():
-                raise _Skip("bias is not a float constant")
         op = self._finish(node, kind, inputs, fuse=True)
         in_scale = op.in_params[0].scale
+        bias = None
+        if bias_node is not None:
+            bias = self._int32_bias(bias_node, weight, in_scale)
+            if bias is None:
+                bias = self._constant(bias_node)
+            if bias is None or not (bias.is_floating_point() or bias.dtype == torch.int32):
+                raise _Skip("bias is not a float constant or a dequantized int32 constant")
         if float(np.max(weight.scales)) * in_scale / op.out.scale >= _MAX_RATIO:
             raise _Skip("requantization scale out of XNNPACK's range")
         op.weight, op.bias = weight, bias
@@ -221,6 +223,32 @@ class QuantPlan:
                 raise _Skip("per-tensor weight not constant or not symmetric")
             return Weight(data, np.asarray([params.scale], np.float32), False)
         raise _Skip(f"weight of {node.name} is not a dequantized int8 constant")
+
+    def _int32_bias(self, a: Any, weight: Weight, in_scale: float) -> torch.Tensor | None:
+        """The int32 values of a bias the quantizer made int32 (a dequantize of an int32 constant, zero point 0,
+        scale ``in_scale * weight scale``): the convolution adds them as they are, as the pt2e model does."""
+        if _is(a, DQC):
+            data, scales, zps = (self._raw(x) for x in a.args[:3])
+            if _arg(a, 6, "dtype") != torch.int32 or data is None or scales is None or zps is None:
+                return None
+            if _arg(a, 3, "axis") != 0 or bool(torch.any(zps != 0)):
+                raise _Skip("per-channel int32 bias not along axis 0 or not symmetric")
+            s = scales.detach().to(torch.float64).reshape(-1).numpy()
+        elif _is(a, DQ):
+            data = self._raw(a.args[0])
+            if _arg(a, 5, "dtype") != torch.int32 or data is None or not isinstance(a.args[1], (int, float)):
+                return None
+            if a.args[2] != 0:
+                raise _Skip("int32 bias with a nonzero zero point")
+            s = np.asarray([float(a.args[1])])
+        else:
+            return None
+        want = weight.scales.astype(np.float64).reshape(-1) * in_scale
+        if s.size != want.size or data.numel() != weight.data.shape[0]:
+            raise _Skip("int32 bias shape does not match the weight's scales")
+        if not np.allclose(s, want, rtol=1e-6, atol=0):
+            raise _Skip("int32 bias scale is not input scale * weight scale")
+        return data.detach().to(torch.int32).reshape(-1)
 
     def _raw(self, a: Any) -> torch.Tensor | None:
         return self.b.constants.get(a) if isinstance(a, torch.fx.Node) else None
