@@ -75,22 +75,73 @@ def test_int32_bias_in_the_blob_is_the_pt2e_models():
     dqs = int32_biases(converted)
     want = sorted(getattr(converted, n.args[0].target).tolist() for n in dqs)
     scales = sorted(getattr(converted, n.args[1].target).tolist() for n in dqs)
-    from edgeport.program import load_pte
-    from edgeport_xnnpack.schema.reader import read_blob
-
-    lp = load_pte(buffer)
-    got, got_scales = [], []
-    for i in range(len(lp.program.execution_plan[0].delegates)):
-        graph, _ = read_blob(lp.delegate_data(0, i))
-        for v in graph.values:
-            if v.datatype == QCINT32:  # constants live in the program's named data, as ExecuTorch writes them
-                key = graph.constant_data[v.constant_buffer_idx].named_key
-                got.append(np.frombuffer(bytes(lp.named_data(key)), np.int32).tolist())
-                got_scales.append(list(v.quant.scale))
+    got, got_scales = _qcint32_biases(buffer)
     assert sorted(got) == want
     np.testing.assert_allclose(sorted(got_scales), scales, rtol=1e-6)
     out = run_edgeport(buffer, args)
     assert np.array_equal(out, pt2e_float64(converted, args[0])) and np.array_equal(out, _stock(buffer, args))
+
+
+def _qcint32_biases(buffer: bytes) -> tuple[list[list[int]], list[list[float]]]:
+    """Values and scales of every ``qcint32`` constant of a program's XNNPACK blobs (in the named data)."""
+    from edgeport.program import load_pte
+    from edgeport_xnnpack.schema.reader import read_blob
+
+    lp = load_pte(buffer)
+    values, scales = [], []
+    for i in range(len(lp.program.execution_plan[0].delegates)):
+        graph, _ = read_blob(lp.delegate_data(0, i))
+        for v in graph.values:
+            if v.datatype == QCINT32:
+                assert v.quant.channel_dim == 0
+                key = graph.constant_data[v.constant_buffer_idx].named_key
+                values.append(np.frombuffer(bytes(lp.named_data(key)), np.int32).tolist())
+                if v.quant.scale:  # edgeport writes the scales in the value ...
+                    scales.append([float(x) for x in v.quant.scale])
+                else:  # ... ExecuTorch 1.5.1 as float32 constant data
+                    skey = graph.constant_data[v.quant.scale_buffer_idx].named_key
+                    scales.append(np.frombuffer(bytes(lp.named_data(skey)), np.float32).tolist())
+    return values, scales
+
+
+def _float_bias_twin(converted: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``converted`` whose int32 biases are float constants of the same value: what ExecuTorch's
+    XnnpackPartitioner takes (it leaves a convolution with an int32-dequantized bias undelegated)."""
+    import copy
+
+    twin = copy.deepcopy(converted)
+    for i, dq in enumerate(int32_biases(twin)):
+        with torch.no_grad():
+            value = dq.target(*[getattr(twin, a.target) if isinstance(a, torch.fx.Node) else a for a in dq.args])
+        twin.register_buffer(f"_float_bias_{i}", value.to(torch.float32))
+        with twin.graph.inserting_before(dq):
+            const = twin.graph.get_attr(f"_float_bias_{i}")
+        dq.replace_all_uses_with(const)
+        twin.graph.erase_node(dq)
+    twin.graph.eliminate_dead_code()
+    twin.recompile()
+    return twin
+
+
+@pytest.mark.executorch
+def test_bias_encoding_matches_executorchs_lowering():
+    """ExecuTorch's XnnpackPartitioner on the same pt2e model (its int32 biases given as float constants of the
+    same value) writes the same ``qcint32`` biases (values, channel dim 0, scales) and computes the same outputs."""
+    pytest.importorskip("executorch")
+    from xnn_helpers import lower_executorch
+
+    shape = (1, 3, 32, 32)
+    torch.manual_seed(0)
+    model = calibrate_batch_norm(BatchNormCnn(), shape)
+    args = (torch.randn(shape, generator=torch.Generator().manual_seed(2)),)
+    converted, _, buffer = _lowered(model, args)
+    theirs = lower_executorch(_float_bias_twin(converted), args)
+    ours_values, ours_scales = _qcint32_biases(buffer)
+    their_values, their_scales = _qcint32_biases(theirs)
+    assert len(ours_values) == len(int32_biases(converted)) == len(their_values)
+    assert sorted(ours_values) == sorted(their_values)
+    np.testing.assert_allclose(np.concatenate(sorted(ours_scales)), np.concatenate(sorted(their_scales)), rtol=1e-6)
+    assert np.array_equal(_stock(theirs, args), run_edgeport(buffer, args))
 
 
 def _architecture(name: str) -> tuple[torch.nn.Module, tuple]:
