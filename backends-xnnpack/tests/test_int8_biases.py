@@ -162,11 +162,12 @@ def test_resnet_is_bit_exact_against_the_pt2e_model():
     assert np.array_equal(_stock(buffer, args), run_edgeport(buffer, args))
 
 
-def test_mobilenet_v2_seg_is_bit_exact_against_the_pt2e_model_on_its_example_input():
-    """Bit-exact against the float32 pt2e model on the example input (15.2 dB with float biases). On other inputs the
-    difference left comes from the float ops between int8 ones (the DeepLabV3 head's bilinear upsampling, in
-    float32 in a different order on XNNPACK than in PyTorch), which this untrained model amplifies
-    (its pt2e model is only 3-13 dB from fp32 eager)."""
+def test_mobilenet_v2_seg_is_bit_exact_against_the_pt2e_model():
+    """Bit-exact against the float32 pt2e model on its example input (15.2 dB with float biases). On other
+    inputs XNNPACK's int8 global average pooling (the DeepLabV3 head's image pooling) rounds differently from
+    the pt2e model's float mean now and then (8.3 / 19.7 dB with float biases, 26.0 / 37.3 dB with int32 ones),
+    which this untrained model amplifies (its pt2e model is only 3-13 dB from fp32 eager); with that pooling left
+    float (``node_filter``) every input is bit-exact."""
     model, args = _architecture("mobilenet_v2_seg")
     converted, edge, buffer = _lowered(model, args)
     assert len(int32_biases(converted)) == 55
@@ -174,3 +175,10 @@ def test_mobilenet_v2_seg_is_bit_exact_against_the_pt2e_model_on_its_example_inp
     assert np.array_equal(out, converted(*args).detach().numpy())
     stock = _stock(buffer, args)
     assert np.max(np.abs(stock - out)) <= _output_step(converted) * 1.001
+
+    def not_pooling(node: torch.fx.Node) -> bool:
+        return node.target not in (torch.ops.aten.mean.dim, torch.ops.aten.adaptive_avg_pool2d.default)
+
+    converted, edge, buffer = _lowered(model, args, node_filter=not_pooling)
+    for x in [args] + seeded_inputs(args, 5, 2):
+        assert np.array_equal(run_edgeport(buffer, x), converted(*x).detach().numpy())
