@@ -253,8 +253,10 @@ class ChainCompiler:
                 elif tk == "dynamic":
                     res = np.asarray(res)
                     dst = resize(vals[extra], res.shape)
-                    if res is not dst:
-                        np.copyto(dst, res, casting="unsafe")
+                    if res is not dst and not (res.dtype == dst.dtype and res.strides == dst.strides
+                                               and res.__array_interface__["data"][0]
+                                               == dst.__array_interface__["data"][0]):
+                        np.copyto(dst, res, casting="unsafe")  # else computed in place already
                     vals[o] = dst
                 elif tk == "unplanned":
                     vals[o] = np.asarray(res)

@@ -102,11 +102,14 @@ def _number_dtype(node: torch.fx.Node, value: object) -> torch.dtype:
 
 
 def _wrap_symbolic_tensor_arguments(gm: torch.fx.GraphModule, node: torch.fx.Node, numbers: bool = False) -> bool:
-    """Put a 0-dim ``aten.scalar_tensor`` in front of each tensor argument that holds a symbolic size (and, with
-    ``numbers``, a plain Python number, such as the ``-128`` of ``sub.Tensor(-128, x)`` a decomposition wrote)."""
+    """Put a 0-dim ``aten.scalar_tensor`` in front of each tensor argument that holds a symbolic size (with
+    ``numbers``: instead, each plain Python number, such as the ``-128`` of ``sub.Tensor(-128, x)`` a
+    decomposition wrote)."""
     changed = False
     for where, value in _tensor_arguments(node):
-        if numbers and isinstance(value, (int, float)):
+        if numbers:  # the edge pass: plain numbers only (symbolic sizes wait for the out-variant pass)
+            if not isinstance(value, (int, float)):
+                continue
             dtype = _number_dtype(node, value)
         elif is_symbolic_scalar(value):
             dtype = _scalar_dtype(value.meta["val"])
