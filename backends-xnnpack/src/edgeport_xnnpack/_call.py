@@ -70,20 +70,23 @@ def results_for(plan: XnnpackHandle | Plan, out: Sequence[np.ndarray | None] | N
 
 
 def _prefix_view(a: Any, dims: tuple[int, ...]) -> np.ndarray | None:
-    """``dims`` over the first elements of ``a`` (a planned array at its upper bound, for an output of a
-    specialization with smaller dims), or None when ``a`` cannot hold it: the result is computed in place."""
+    """``dims`` over the first elements of ``a`` -- the runtime's planned array at its upper bound (same rank,
+    every dim at least as large) for an output of a specialization with smaller dims -- or None when ``a`` is not
+    such an array: the result is then computed in place."""
     if type(a) is not np.ndarray or a.dtype is not _F32 or not (a.flags.c_contiguous and a.flags.writeable):
+        return None
+    if a.ndim != len(dims) or any(d > b for d, b in zip(dims, a.shape)):
         return None
     n = 1
     for d in dims:
         n *= d
-    return a.reshape(-1)[:n].reshape(dims) if n <= a.size else None
+    return a.reshape(-1)[:n].reshape(dims)
 
 
 def _outputs(plan: XnnpackHandle | Plan, out: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
     if out is None:
         return [np.empty(dims, np.float32) for _, dims in plan.outputs]
-    if type(out) is list and len(out) == len(plan.outputs):
+    if type(out) is list and len(out) == len(plan.outputs) and not hasattr(plan, "specializer"):  # a specialization
         views = [_prefix_view(a, dims) for a, (_, dims) in zip(out, plan.outputs)]
         if all(v is not None for v in views):
             return views  # type: ignore[return-value]
