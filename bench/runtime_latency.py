@@ -6,6 +6,10 @@ a 4-layer transformer encoder (d=256, 8 heads, ff=1024, 128 tokens). Prints a ma
 
     python bench/runtime_latency.py [--reps 5] [--models mobilenet_v2 resnet18 encoder_4layers] [--threads N]
 
+``python bench/runtime_latency.py --peer [args of bench/runtime_peer.py]`` instead measures edgeport's runtime
+against executorch-numpy-runtime (ExecuTorch's C++ runtime behind numpy, in its own Python >= 3.12 venv) on the
+same XNNPACK-lowered ``.pte`` files: Hugging Face small/medium configs and the CNNs (see bench/runtime_peer.py).
+
 ``--threads N`` caps BLAS/OpenMP threads of numpy and torch (set before they are imported). The default is 1:
 ExecuTorch's portable kernels are single-threaded, and on a shared machine multi-threaded OpenBLAS/OpenMP spin
 and slow down by several times; ``--threads 0`` leaves the libraries' own defaults.
@@ -48,6 +52,11 @@ def _median_time(fn, reps: int) -> float:
 
 
 def main() -> None:
+    if "--peer" in sys.argv[1:]:
+        sys.path.insert(0, str(HERE))
+        from runtime_peer import main as peer_main
+
+        sys.exit(peer_main([a for a in sys.argv[1:] if a != "--peer"]))
     args = _parse()
     if args.threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
