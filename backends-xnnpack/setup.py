@@ -1,9 +1,11 @@
 """Builds the optional C glue (``edgeport_xnnpack._glue``: per-call binding and invocation of XNNPACK runtimes) and
 the optional host kernels (``edgeport_xnnpack._kernels``: GELU, which the 2022 libXNNPACK lacks; ``_gemm``: float32
 products on the host BLAS tiled over XNNPACK's thread pool, for CPUs where the 2022 library's kernels are slow;
-``_qd8``: dynamically quantized fully connected, qd8 x qc8w / qb4w, which the 2022 library lacks).
+``_qd8``: dynamically quantized fully connected, qd8 x qc8w / qb4w, which the 2022 library lacks) and edgeport's
+thread pool (``edgeport_xnnpack._pool``: the pthreadpool C ABI libXNNPACK imports, loaded in place of Debian's
+2021 libpthreadpool; see ``edgeport_xnnpack._threadpool``).
 
-It links against nothing but libc (the library functions are passed in as addresses from ctypes). When no C
+The glue and kernels link against nothing but libc (the library functions are passed in as addresses from ctypes). When no C
 compiler is available the build is skipped and the executor uses the equivalent pure-Python path
 (``edgeport_xnnpack.native.glue_status()`` tells which one runs).
 """
@@ -27,4 +29,12 @@ setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_g
                    # like XNNPACK's convert (and edgeport_xnnpack._dynamic_quant) step by step
                    Extension("edgeport_xnnpack._qd8", ["src/edgeport_xnnpack/_qd8.c"], optional=True,
                              extra_compile_args=["-O3", "-ffp-contract=off", "-Wall", "-Wextra",
-                                                 "-Wno-unused-parameter", "-Wno-missing-field-initializers"])])
+                                                 "-Wno-unused-parameter", "-Wno-missing-field-initializers"]),
+                   # the thread pool: a plain shared library (no Python API) that ctypes opens before libXNNPACK;
+                   # its soname makes it satisfy libXNNPACK's libpthreadpool.so.0 dependency, -Bsymbolic keeps its
+                   # own references local, hidden visibility exports only the pthreadpool_* / edgeport_pool_* ABI
+                   Extension("edgeport_xnnpack._pool", ["src/edgeport_xnnpack/_pool.c"], optional=True,
+                             libraries=["pthread", "dl"],
+                             extra_compile_args=["-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
+                                                 "-Wno-unused-parameter"],
+                             extra_link_args=["-Wl,-Bsymbolic", "-Wl,-soname,libpthreadpool.so.0"])])

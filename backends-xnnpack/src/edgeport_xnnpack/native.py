@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeport_xnnpack import _threadpool
+
 __all__ = [
     "DATATYPE_ITEMSIZE",
     "EXTRA_BYTES",
@@ -44,6 +46,7 @@ __all__ = [
     "is_available",
     "library",
     "padded_empty",
+    "pool_status",
 ]
 
 INSTALL_HINT = (
@@ -164,8 +167,18 @@ class Library:
     """The loaded shared libraries and their typed functions."""
 
     def __init__(self) -> None:
+        own, self.pool_reason = _threadpool.open_own()  # before libXNNPACK: it then binds to edgeport's pool
         self.xnn, self.xnn_name = self._open(_LIB_NAMES, "XNNPACK")
-        self.pool, self.pool_name = self._open(_POOL_NAMES, "pthreadpool")
+        if own is not None:
+            self.pool_reason = _threadpool.binding_problem(own, self.xnn)
+        #: edgeport's pool is in use (its functions are the ones libXNNPACK calls)
+        self.own_pool = own is not None and not self.pool_reason
+        if self.own_pool:
+            self.pool, self.pool_name = own, "edgeport_xnnpack._pool"
+        elif own is not None:  # loaded but not bound: the pool functions libXNNPACK's own dependency defines
+            self.pool, self.pool_name = self.xnn, "libXNNPACK's libpthreadpool dependency"
+        else:
+            self.pool, self.pool_name = self._open(_POOL_NAMES, "pthreadpool")
         x, p = self.xnn, self.pool
         self._fn(x, "xnn_initialize", c_int, c_void_p)
         self._fn(x, "xnn_create_subgraph", c_int, U32, U32, POINTER(c_void_p))
@@ -215,7 +228,7 @@ class Library:
         errors = []
         for name in candidates:
             try:
-                return ctypes.CDLL(name), name
+                return ctypes.CDLL(name, mode=_threadpool.MODE), name
             except OSError as exc:
                 errors.append(str(exc))
         raise OSError(f"cannot load {what} ({', '.join(candidates)}): {errors[0] if errors else ''}")
@@ -261,6 +274,13 @@ def is_available() -> tuple[bool, str]:
     return True, ""
 
 
+def pool_status() -> tuple[str, str]:
+    """``("edgeport", "")`` when libXNNPACK runs on edgeport's thread pool (``edgeport_xnnpack._pool``), else
+    ``("system", reason)``; raises :class:`XnnpackError` when the libraries are unavailable."""
+    lib = library()
+    return ("edgeport", "") if lib.own_pool else ("system", lib.pool_reason)
+
+
 def default_num_threads() -> int:
     """``EDGEPORT_XNNPACK_THREADS`` if set, else the cores this process may use."""
     env = os.environ.get("EDGEPORT_XNNPACK_THREADS")
@@ -286,6 +306,17 @@ class ThreadPool:
             if not self.handle:
                 raise XnnpackError(f"pthreadpool_create({n}) failed")
         self.num_threads = n
+
+    def stats(self) -> dict[str, int] | None:
+        """Counters of edgeport's pool (``None`` for the system pool or a 1-thread one): ``calls`` (parallel
+        requests), ``parallel`` (run with workers), ``inline_busy`` (run on the caller: the pool was busy with
+        another thread's call), ``solo`` (run on the caller: contention back-off), ``late`` (waits for a
+        preempted worker), ``joins`` (workers that took part)."""
+        if not (self.handle and self.lib.own_pool):
+            return None
+        out = (ctypes.c_uint64 * 6)()
+        self.lib.pool.edgeport_pool_stats(self.handle, out)
+        return dict(zip(("calls", "parallel", "inline_busy", "solo", "late", "joins"), out, strict=True))
 
     def close(self) -> None:
         if self.handle:
