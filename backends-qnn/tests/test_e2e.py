@@ -109,3 +109,20 @@ def test_backend_refusal_is_recorded_and_runs_on_cpu(fn, shapes, node, qnn_op):
     (out,) = Runtime.get().load_program(program.to_executorch().buffer).load_method("forward").execute(
         [x.numpy() for x in inputs])
     np.testing.assert_array_equal(out, fn(*inputs).numpy())
+
+
+@pytest.mark.parametrize("dilation", [1, 2, 3, 4])
+def test_dilated_depthwise_conv_matches_eager(dilation):
+    """48 channels, dilation 3-4 (MobileNetV2 + DeepLabV3's atrous blocks): the HTP's fp32 DepthWiseConv2d computes
+    garbage there (errors up to 1e34 or NaN), so these lower to Conv2d with groups; dilation 1-2 stays depthwise."""
+    from edgeport_qnn import QnnPartitioner
+    from edgeport_qnn.blob import unpack_blob
+
+    torch.manual_seed(dilation)
+    model = torch.nn.Sequential(torch.nn.Conv2d(48, 48, 3, padding=dilation, dilation=dilation, groups=48),
+                                torch.nn.ReLU6()).eval()
+    inputs = (torch.randn(1, 48, 9, 9),)
+    program = edgeport.to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=[QnnPartitioner()])
+    run_and_compare(model, inputs, program)
+    header, _ = unpack_blob(_only_blob(program))
+    assert header.ops.get("DepthWiseConv2d" if dilation <= 2 else "Conv2d") == 1

@@ -48,13 +48,7 @@ def _sqnr(got: np.ndarray, want: np.ndarray) -> float:
     return float(10 * np.log10((want ** 2).sum() / max(((got - want) ** 2).sum(), 1e-30)))
 
 
-# Known bug, found when mobilenet_v2_seg's BatchNorm statistics were calibrated (before, its output was ~0 and
-# any error looked small): QNN fp32 gives an error ~60x the output's scale (two partitions, 259 + 8 ops). Open.
-_FP32_KNOWN_BAD = {"mobilenet_v2_seg": "QNN fp32 output wrong on the BN-calibrated MobileNetV2 + DeepLabV3 (open bug)"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=_FP32_KNOWN_BAD[n], strict=True))
-                                  if n in _FP32_KNOWN_BAD else n for n in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_fp32(name):
     arch = _arch(name)
     program = edgeport.lower(arch.model, arch.example_inputs, backends=["QnnBackend"])
