@@ -83,10 +83,22 @@ def _symbolic_args(node: Any) -> list[str]:
     return found
 
 
+def _last_dim_mean(node: Any) -> bool:
+    """A mean over a static last dim only (a fully connected reduction: leading dims may be dynamic)."""
+    if str(node.target) != "aten.mean.dim" or len(node.args) < 2 or not node.args[1]:
+        return False
+    src = _tensors(node.args[0].meta.get("val"))
+    if not src or not len(src[0].shape) or is_symbolic(src[0].shape[-1]):
+        return False
+    r = len(src[0].shape)
+    return [int(d) % r for d in node.args[1]] == [r - 1]
+
+
 def dynamic_problem(node: Any, name: str) -> str | None:
     """Why ``node`` (op ``name``) cannot be delegated with its dynamic dims, ``None`` when it can (or has none).
 
-    Refused: convolution, batch norm and pooling over dynamic dims (their lowering bakes the spatial sizes);
+    Refused: convolution, batch norm and pooling over dynamic dims (their lowering bakes the spatial sizes; a mean
+    over a static last dim is a fully connected reduction and may have dynamic leading dims);
     a symbolic scalar argument except a view's or expand's sizes (the lowering reads those from the output);
     a reshape (view, squeeze, unsqueeze, select) whose output has more than one dynamic dim (XNNPACK's static
     reshape infers one); a slice along a dynamic dim; an expand that broadcasts.
@@ -97,7 +109,7 @@ def dynamic_problem(node: Any, name: str) -> str | None:
     inputs = [a for a in node.all_input_nodes if hasattr(a, "meta")]
     if not _has_dynamic(node, inputs):
         return None
-    if name in _STATIC_ONLY:
+    if name in _STATIC_ONLY and not _last_dim_mean(node):
         return "over dynamic dims (its lowering bakes the spatial sizes into its parameters)"
     out = _tensors(node.meta.get("val"))
     src = _tensors(node.args[0].meta.get("val")) if node.args and hasattr(node.args[0], "meta") else []

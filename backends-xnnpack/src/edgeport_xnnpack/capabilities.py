@@ -166,10 +166,17 @@ def _avg_pool(node: Any) -> str | None:
 
 
 def _mean(node: Any) -> str | None:
-    s = shape(node.args[0])
     dims = arg(node, 1, "dim")
+    r = rank(node.args[0])
+    val = node.args[0].meta.get("val")
+    if r and dims is not None and [d % r for d in dims] == [r - 1]:  # RMSNorm's mean(-1, keepdim=True)
+        if not arg(node, 2, "keepdim", False):
+            return "mean over the last dim without keepdim"
+        last = val.shape[-1]
+        return None if type(last) is int and last > 0 else "mean over a dynamic or empty last dim"
+    s = shape(node.args[0])
     if s is None or len(s) != 4 or dims is None or sorted(d % 4 for d in dims) != [2, 3]:
-        return "only the mean over H and W of a 4-D tensor (global average pooling)"
+        return "only the mean over H and W of a 4-D tensor (global average pooling) or over the last dim"
     return None
 
 
@@ -381,7 +388,9 @@ CAPABILITIES = CapabilityTable((
                  constraint=_all(_pool, _getitem0_only), notes="float32 input; indices unused; no ceil_mode"),
     _cap("aten.max_pool2d.default", _pool, notes="no ceil_mode"),
     _cap("aten.avg_pool2d.default", _avg_pool, notes="no ceil_mode / divisor_override"),
-    _cap("aten.mean.dim", _mean, notes="over H and W of a 4-D tensor: global average pooling"),
+    _cap("aten.mean.dim", _mean, notes="over H and W of a 4-D tensor: global average pooling; over the last dim "
+         "(keepdim): fully connected with a constant 1/D filter"),
+    _cap("aten.rsqrt.default", notes="square root, then 1 / it (the 2022 library has no reciprocal square root)"),
     _cap("aten._adaptive_avg_pool2d.default", _adaptive, notes="output size dividing the input"),
     _cap("aten.upsample_bilinear2d.vec", _resize, notes="4-D, static output size; align_corners either way"),
     _cap("aten._softmax.default", _softmax, notes="last dimension"),
