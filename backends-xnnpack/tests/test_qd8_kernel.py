@@ -18,6 +18,10 @@ qd8 = pytest.importorskip("edgeport_xnnpack._qd8", reason="the _qd8 extension is
 CASES = [  # bits, m, k, n, group
     (4, 1, 64, 40, 32), (4, 5, 256, 70, 64), (4, 9, 128, 33, 128), (8, 1, 100, 33, 100), (8, 6, 48, 17, 48),
     (8, 4, 2048, 96, 2048),
+    # decode shapes (m < 4: several columns per step), column counts not a multiple of 4, odd group counts (the
+    # AVX-512 VNNI loop takes two groups of 32 per step, else the AVX2 one), rows in fours and a remainder
+    (4, 1, 512, 37, 32), (4, 2, 96, 13, 32), (4, 3, 128, 9, 64), (4, 6, 256, 21, 32), (8, 1, 96, 11, 96),
+    (8, 5, 40, 7, 40),
 ]
 
 
@@ -36,12 +40,16 @@ def _operands(bits: int, m: int, k: int, n: int, group: int, seed: int):
     return x, w, s, bias, wf
 
 
-@pytest.mark.parametrize("loop", ["default", "portable"])
+@pytest.mark.parametrize("loop", ["default", "avx2", "portable"])
 @pytest.mark.parametrize("bits,m,k,n,group", CASES)
 def test_kernel_matches_the_quantized_reference(monkeypatch, loop, bits, m, k, n, group):
+    """Every loop this CPU has (the default: AVX-512 VNNI where present; AVX2; portable C) against the reference."""
     if loop == "portable":
         monkeypatch.setenv("EDGEPORT_XNNPACK_QD8_PORTABLE", "1")
         assert qd8.simd() == "portable"
+    elif loop == "avx2":
+        monkeypatch.setenv("EDGEPORT_XNNPACK_QD8_AVX2", "1")
+        assert qd8.simd() in ("avx2", "portable")
     x, w, s, bias, wf = _operands(bits, m, k, n, group, seed=m * k + n)
     xq = np.empty_like(x)
     quantize_rows(x, xq)

@@ -13,7 +13,9 @@
  * output: exact int32 dot products of (q - zero_point) with the weights per group, each scaled by its group's scale
  * and summed in float32, times 1 / inv, plus the bias. The integers are exact; the float32 scaling and sums follow
  * XNNPACK's formula, not necessarily its operation order (so results agree to float32 rounding).
- * An AVX2 loop (16 input channels per step, vpmaddwd) where the CPU has AVX2, else portable C. Columns are split in
+ * An AVX-512 VNNI loop (vpdpwssd, 32 input channels per step; bits 4 when the groups are 32 channels and even in
+ * number) where the CPU has it, else an AVX2 loop (16 input channels per step, vpmaddwd) where the CPU has AVX2,
+ * else portable C. The loops differ only in the order of the float32 sums (the integer parts are exact). Columns are split in
  * tasks of 32 on the delegate's pthreadpool when the caller passes it; the GIL is released while computing.
  */
 #define PY_SSIZE_T_CLEAN
@@ -31,6 +33,7 @@ typedef void (*task_fn)(void *, size_t);
 typedef void (*parallelize_fn)(void *, task_fn, void *, size_t, uint32_t);
 
 #define COLS_PER_TASK 32
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_VNNI = 2 };
 
 struct job {
     const int16_t *a;     /* [m][k] q - zero_point; bits 4: per 32 channels, the 16 even then the 16 odd */
@@ -41,12 +44,13 @@ struct job {
     const float *bias;
     float *out;
     Py_ssize_t m, k, n, group;
-    int bits, avx2;
+    int bits, isa;  /* ISA_PORTABLE, ISA_AVX2 or ISA_VNNI */
+    int vnni4;      /* bits 4 on the AVX-512 VNNI loop: `a` is laid out per 64 channels (see quantize_row) */
     float lo, hi;
 };
 
 /* -- row quantization (XNNPACK's f32 -> qd8) ------------------------------------------------------------------- */
-static void quantize_row(const float *x, Py_ssize_t k, int bits, int16_t *a, float *rscale) {
+static void quantize_row(const float *x, Py_ssize_t k, int bits, int vnni4, int16_t *a, float *rscale) {
     float mn = 0.0f, mx = 0.0f;
     for (Py_ssize_t i = 0; i < k; i++) {
         mn = x[i] < mn ? x[i] : mn;
@@ -63,7 +67,10 @@ static void quantize_row(const float *x, Py_ssize_t k, int bits, int16_t *a, flo
         float v = x[i] * inv;
         v = v < qlo ? qlo : (v > qhi ? qhi : v);
         int16_t q = (int16_t)rintf(v);
-        if (bits == 4) {  /* per block of 32: even channels first, then odd */
+        if (bits == 4 && vnni4) {  /* per 64 channels (two blocks): even of each block, then odd of each block */
+            Py_ssize_t base = i & ~(Py_ssize_t)63, j = i & 31;
+            a[base + (j & 1) * 32 + ((i >> 5) & 1) * 16 + (j >> 1)] = q;
+        } else if (bits == 4) {  /* per block of 32: even channels first, then odd */
             Py_ssize_t base = i & ~(Py_ssize_t)31, j = i & 31;
             a[base + (j & 1) * 16 + (j >> 1)] = q;
         } else {
@@ -147,6 +154,53 @@ __attribute__((target("avx2"))) static void column4_avx2(const struct job *j, Py
         rows4(j, c, r, 1);
 }
 
+/* Row r, output columns c .. c + NC - 1, bits 4 (m < 4, decode): NC independent chains, activations loaded once. */
+static inline __attribute__((always_inline, target("avx2"))) void cols4_avx2(const struct job *j, Py_ssize_t c,
+                                                                               Py_ssize_t r, const int NC) {
+    const __m256i low = _mm256_set1_epi16(15);
+    Py_ssize_t groups = j->k / j->group, half = j->k / 2;
+    const int16_t *a = j->a + r * j->k;
+    __m256 facc[4];
+    for (int u = 0; u < NC; u++)
+        facc[u] = _mm256_setzero_ps();
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        __m256i acc[4];
+        __m256i init = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * j->asum[r * groups + g]));
+        for (int u = 0; u < NC; u++)
+            acc[u] = init;
+        for (Py_ssize_t i = g * j->group; i < (g + 1) * j->group; i += 32) {
+            __m256i ae = _mm256_loadu_si256((const __m256i *)(a + i));
+            __m256i ao = _mm256_loadu_si256((const __m256i *)(a + i + 16));
+            for (int u = 0; u < NC; u++) {
+                __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(j->w + (c + u) * half + i / 2)));
+                acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(ae, _mm256_and_si256(bytes, low)));
+                acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(ao, _mm256_srli_epi16(bytes, 4)));
+            }
+        }
+        for (int u = 0; u < NC; u++)
+            facc[u] = _mm256_add_ps(facc[u], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[u]),
+                                                           _mm256_set1_ps(j->scales[(c + u) * groups + g])));
+    }
+    for (int u = 0; u < NC; u++) {
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(facc[u]), _mm256_extractf128_ps(facc[u], 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+        float b = j->bias ? j->bias[c + u] : 0.0f;
+        float y = _mm_cvtss_f32(s4) * j->rscale[r] + b;
+        j->out[r * j->n + c + u] = y < j->lo ? j->lo : (y > j->hi ? j->hi : y);
+    }
+}
+
+__attribute__((target("avx2"))) static void few_rows4_avx2(const struct job *j, Py_ssize_t c0, Py_ssize_t c1) {
+    for (Py_ssize_t r = 0; r < j->m; r++) {
+        Py_ssize_t c = c0;
+        for (; c + 4 <= c1; c += 4)
+            cols4_avx2(j, c, r, 4);
+        for (; c < c1; c++)
+            cols4_avx2(j, c, r, 1);
+    }
+}
+
 /* Output column c for rows r .. r + NR - 1, bits 8: the filter row is widened once per 16 channels for NR rows. */
 static inline __attribute__((always_inline, target("avx2"))) void rows8(const struct job *j, Py_ssize_t c,
                                                                            Py_ssize_t r, const int NR) {
@@ -177,6 +231,126 @@ __attribute__((target("avx2"))) static void column8_avx2(const struct job *j, Py
     for (; r < j->m; r++)
         rows8(j, c, r, 1);
 }
+
+/* AVX-512 VNNI (vpdpwssd: int16 pairs multiplied and accumulated into int32 lanes in one instruction), 512-bit.
+ * bits 4 with groups of 32 and an even group count: two groups per step, lanes 0-7 of the int32 accumulator hold
+ * group g's partial sums and lanes 8-15 group g + 1's (lane 0 / 8 starting at -8 * sum(a) of its group), each
+ * converted to float (exact) and scaled by its group's scale. bits 8: 32 input channels per step, exact int32. */
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+static inline __attribute__((always_inline)) VNNI void rows4_vnni(const struct job *j, Py_ssize_t c, Py_ssize_t r,
+                                                                    const int NR) {
+    const __m512i low = _mm512_set1_epi16(15);
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    Py_ssize_t groups = j->k / 32;
+    const uint8_t *w = j->w + c * (j->k / 2);
+    const float *sc = j->scales + c * groups;
+    __m512 facc[4];
+    for (int t = 0; t < NR; t++)
+        facc[t] = _mm512_setzero_ps();
+    for (Py_ssize_t g = 0; g < groups; g += 2, w += 32) {
+        __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)w));
+        __m512i even = _mm512_and_si512(bytes, low), odd = _mm512_srli_epi16(bytes, 4);
+        __m512 s = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(
+            _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(sc + g)))));
+        for (int t = 0; t < NR; t++) {
+            const int16_t *at = j->a + (r + t) * j->k + g * 32;
+            __m128i sums = _mm_loadl_epi64((const __m128i *)(j->asum + (r + t) * groups + g));
+            sums = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sums, 3));
+            __m512i acc = _mm512_maskz_permutexvar_epi32(0x0101, pick, _mm512_castsi128_si512(sums));
+            acc = _mm512_dpwssd_epi32(acc, _mm512_loadu_si512((const void *)at), even);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_loadu_si512((const void *)(at + 32)), odd);
+            facc[t] = _mm512_add_ps(facc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(acc), s));
+        }
+    }
+    float b = j->bias ? j->bias[c] : 0.0f;
+    for (int t = 0; t < NR; t++) {
+        float y = _mm512_reduce_add_ps(facc[t]) * j->rscale[r + t] + b;
+        j->out[(r + t) * j->n + c] = y < j->lo ? j->lo : (y > j->hi ? j->hi : y);
+    }
+}
+
+VNNI static void column4_vnni(const struct job *j, Py_ssize_t c) {
+    Py_ssize_t r = 0;
+    for (; r + 4 <= j->m; r += 4)
+        rows4_vnni(j, c, r, 4);
+    for (; r < j->m; r++)
+        rows4_vnni(j, c, r, 1);
+}
+
+static inline __attribute__((always_inline)) VNNI void rows8_vnni(const struct job *j, Py_ssize_t c, Py_ssize_t r,
+                                                                    const int NR) {
+    const int8_t *w = (const int8_t *)j->w + c * j->k;
+    __m512i acc[4];
+    for (int t = 0; t < NR; t++)
+        acc[t] = _mm512_setzero_si512();
+    Py_ssize_t i = 0;
+    for (; i + 32 <= j->k; i += 32) {
+        __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + i)));
+        for (int t = 0; t < NR; t++)
+            acc[t] = _mm512_dpwssd_epi32(acc[t], _mm512_loadu_si512((const void *)(j->a + (r + t) * j->k + i)), wv);
+    }
+    float sc = j->scales[c], b = j->bias ? j->bias[c] : 0.0f;
+    for (int t = 0; t < NR; t++) {
+        int32_t s = _mm512_reduce_add_epi32(acc[t]) + dot8_portable(j->a + (r + t) * j->k + i, w + i, j->k - i);
+        float y = (float)s * j->rscale[r + t];
+        y = y * sc + b;
+        j->out[(r + t) * j->n + c] = y < j->lo ? j->lo : (y > j->hi ? j->hi : y);
+    }
+}
+
+/* Row r, output columns c .. c + NC - 1, bits 4 (m < 4, decode): the NC columns' chains are independent, so they
+ * overlap instead of waiting on one accumulator, and the row's activations are loaded once for all of them. */
+static inline __attribute__((always_inline)) VNNI void cols4_vnni(const struct job *j, Py_ssize_t c, Py_ssize_t r,
+                                                                    const int NC) {
+    const __m512i low = _mm512_set1_epi16(15);
+    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    Py_ssize_t groups = j->k / 32, half = j->k / 2;
+    const int16_t *a = j->a + r * j->k;
+    const int32_t *as = j->asum + r * groups;
+    __m512 facc[4];
+    for (int u = 0; u < NC; u++)
+        facc[u] = _mm512_setzero_ps();
+    for (Py_ssize_t g = 0; g < groups; g += 2) {
+        __m512i ae = _mm512_loadu_si512((const void *)(a + g * 32));
+        __m512i ao = _mm512_loadu_si512((const void *)(a + g * 32 + 32));
+        __m128i sums = _mm_loadl_epi64((const __m128i *)(as + g));
+        sums = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sums, 3));
+        __m512i init = _mm512_maskz_permutexvar_epi32(0x0101, pick, _mm512_castsi128_si512(sums));
+        for (int u = 0; u < NC; u++) {
+            const uint8_t *w = j->w + (c + u) * half + g * 16;
+            __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)w));
+            __m512i acc = _mm512_dpwssd_epi32(init, ae, _mm512_and_si512(bytes, low));
+            acc = _mm512_dpwssd_epi32(acc, ao, _mm512_srli_epi16(bytes, 4));
+            __m512 s = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(
+                _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(j->scales + (c + u) * groups + g)))));
+            facc[u] = _mm512_add_ps(facc[u], _mm512_mul_ps(_mm512_cvtepi32_ps(acc), s));
+        }
+    }
+    for (int u = 0; u < NC; u++) {
+        float b = j->bias ? j->bias[c + u] : 0.0f;
+        float y = _mm512_reduce_add_ps(facc[u]) * j->rscale[r] + b;
+        j->out[r * j->n + c + u] = y < j->lo ? j->lo : (y > j->hi ? j->hi : y);
+    }
+}
+
+VNNI static void few_rows4_vnni(const struct job *j, Py_ssize_t c0, Py_ssize_t c1) {
+    for (Py_ssize_t r = 0; r < j->m; r++) {
+        Py_ssize_t c = c0;
+        for (; c + 4 <= c1; c += 4)
+            cols4_vnni(j, c, r, 4);
+        for (; c < c1; c++)
+            cols4_vnni(j, c, r, 1);
+    }
+}
+
+VNNI static void column8_vnni(const struct job *j, Py_ssize_t c) {
+    Py_ssize_t r = 0;
+    for (; r + 4 <= j->m; r += 4)
+        rows8_vnni(j, c, r, 4);
+    for (; r < j->m; r++)
+        rows8_vnni(j, c, r, 1);
+}
 #endif
 
 static void columns(void *ctx, size_t task) {
@@ -185,7 +359,24 @@ static void columns(void *ctx, size_t task) {
     Py_ssize_t c1 = c0 + COLS_PER_TASK < j->n ? c0 + COLS_PER_TASK : j->n;
     Py_ssize_t groups = j->k / j->group;
 #ifdef QD8_X86
-    if (j->avx2) {
+    if (j->vnni4 && j->m < 4) {
+        few_rows4_vnni(j, c0, c1);
+        return;
+    }
+    if (j->isa == ISA_VNNI && (j->bits == 8 || j->vnni4)) {
+        for (Py_ssize_t c = c0; c < c1; c++) {
+            if (j->bits == 4)
+                column4_vnni(j, c);
+            else
+                column8_vnni(j, c);
+        }
+        return;
+    }
+    if (j->isa != ISA_PORTABLE && j->bits == 4 && j->m < 4 && !j->vnni4) {
+        few_rows4_avx2(j, c0, c1);
+        return;
+    }
+    if (j->isa != ISA_PORTABLE) {
         for (Py_ssize_t c = c0; c < c1; c++) {
             if (j->bits == 4)
                 column4_avx2(j, c);
@@ -223,17 +414,24 @@ static void columns(void *ctx, size_t task) {
     }
 }
 
-static int uses_avx2(void) {
+static int loop_isa(void) {
 #ifdef QD8_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && !getenv("EDGEPORT_XNNPACK_QD8_PORTABLE");
+    if (!__builtin_cpu_supports("avx2") || getenv("EDGEPORT_XNNPACK_QD8_PORTABLE"))
+        return ISA_PORTABLE;
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
+        !getenv("EDGEPORT_XNNPACK_QD8_AVX2"))
+        return ISA_VNNI;
+    return ISA_AVX2;
 #else
-    return 0;
+    return ISA_PORTABLE;
 #endif
 }
 
 static PyObject *simd(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) {
-    return PyUnicode_FromString(uses_avx2() ? "avx2" : "portable");
+    static const char *names[] = {"portable", "avx2", "avx512vnni"};
+    return PyUnicode_FromString(names[loop_isa()]);
 }
 
 /* -- argument checks ----------------------------------------------------------------------------------------------- */
@@ -282,20 +480,27 @@ static PyObject *fc(PyObject *Py_UNUSED(module), PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    struct job j = {a, asum, rscale, w.buf, sc.buf, has_bias ? bias.buf : NULL, out.buf, m, k, n, group, bits, 0,
+    struct job j = {a, asum, rscale, w.buf, sc.buf, has_bias ? bias.buf : NULL, out.buf, m, k, n, group, bits, 0, 0,
                     lo, hi};
 #ifdef QD8_X86
-    j.avx2 = uses_avx2();
+    j.isa = loop_isa();
+    j.vnni4 = j.isa == ISA_VNNI && bits == 4 && group == 32 && (k / group) % 2 == 0;
 #endif
     size_t tasks = (size_t)((n + COLS_PER_TASK - 1) / COLS_PER_TASK);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < m; r++) {
-        quantize_row((const float *)x.buf + r * k, k, bits, a + r * k, rscale + r);
+        quantize_row((const float *)x.buf + r * k, k, bits, j.vnni4, a + r * k, rscale + r);
         if (bits == 4)
             for (Py_ssize_t g = 0; g < k / group; g++) {
                 int32_t s = 0;
-                for (Py_ssize_t i = 0; i < group; i++)
-                    s += a[r * k + g * group + i];
+                if (j.vnni4) {  /* group g's 16 even and 16 odd channels (see quantize_row) */
+                    const int16_t *p = a + r * k + (g >> 1) * 64 + (g & 1) * 16;
+                    for (Py_ssize_t i = 0; i < 16; i++)
+                        s += p[i] + p[32 + i];
+                } else {
+                    for (Py_ssize_t i = 0; i < group; i++)
+                        s += a[r * k + g * group + i];
+                }
                 asum[r * (k / group) + g] = s;
             }
     }
@@ -324,8 +529,8 @@ static PyMethodDef methods[] = {
     {"fc", fc, METH_VARARGS,
      "fc(x, w, scales, bias, out, m, k, n, group, bits, lo, hi[, parallelize, pool]): dynamically quantized fully "
      "connected (qd8 x qc8w for bits 8, qd8 x qb4w for bits 4) of float32 x into out; see the module comment."},
-    {"simd", simd, METH_NOARGS, "simd(): which loop fc runs here, 'avx2' or 'portable' (the baseline ISA's; "
-     "EDGEPORT_XNNPACK_QD8_PORTABLE=1 forces it)."},
+    {"simd", simd, METH_NOARGS, "simd(): which loop fc runs here, 'avx512vnni', 'avx2' or 'portable' (the baseline ISA's; "
+     "EDGEPORT_XNNPACK_QD8_PORTABLE=1 forces it, EDGEPORT_XNNPACK_QD8_AVX2=1 keeps off AVX-512)."},
     {NULL, NULL, 0, NULL},
 };
 
