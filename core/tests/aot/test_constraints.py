@@ -13,24 +13,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from edgeport import constraints as c
 from edgeport import to_edge
 from edgeport.aot.capability_partitioner import op_name
-from edgeport.constraints import (
-    adaptive_avg_pool_1x1,
-    alpha_one,
-    avg_pool2d,
-    conv2d,
-    first_output_only,
-    first_problem,
-    gelu_erf_or_tanh,
-    max_pool2d,
-    max_rank,
-    no_half_to_float,
-    non_negative_padding,
-    positive_step,
-    static_shapes,
-    unit_step,
-)
 
 
 class _Fn(torch.nn.Module):
@@ -58,108 +43,108 @@ x4 = torch.randn(1, 4, 8, 8)
 
 def test_conv2d_dilation_refused_only_when_asked_with_the_dilation():
     node = _node(torch.nn.Conv2d(4, 4, 3, dilation=2), x4, op=_CONV)
-    assert conv2d(node) is None
-    assert conv2d(node, dilation=False) == "dilated convolution (dilation=[2, 2])"
-    assert conv2d(_node(torch.nn.Conv2d(4, 4, 3), x4, op=_CONV), dilation=False) is None
+    assert c.conv2d(node) is None
+    assert c.conv2d(node, dilation=False) == "dilated convolution (dilation=[2, 2])"
+    assert c.conv2d(_node(torch.nn.Conv2d(4, 4, 3), x4, op=_CONV), dilation=False) is None
 
 
 def test_conv2d_groups_regular_and_depthwise_but_not_other_groupings():
-    assert conv2d(_node(torch.nn.Conv2d(4, 8, 3), x4, op=_CONV)) is None
-    assert conv2d(_node(torch.nn.Conv2d(4, 4, 3, groups=4), x4, op=_CONV)) is None  # depthwise
+    assert c.conv2d(_node(torch.nn.Conv2d(4, 8, 3), x4, op=_CONV)) is None
+    assert c.conv2d(_node(torch.nn.Conv2d(4, 4, 3, groups=4), x4, op=_CONV)) is None  # depthwise
     grouped = _node(torch.nn.Conv2d(4, 4, 1, groups=2), x4, op=_CONV)
-    assert conv2d(grouped) == "grouped convolution (groups=2) that is neither regular nor depthwise"
-    assert conv2d(grouped, groups="any") is None
+    assert c.conv2d(grouped) == "grouped convolution (groups=2) that is neither regular nor depthwise"
+    assert c.conv2d(grouped, groups="any") is None
 
 
 def test_conv2d_refuses_other_dimensions_and_transposed():
     one_d = _node(torch.nn.Conv1d(4, 4, 3), torch.randn(1, 4, 8), op=_CONV)
-    assert conv2d(one_d) == "only 2-D convolutions (4-D weight) with static shapes"
+    assert c.conv2d(one_d) == "only 2-D convolutions (4-D weight) with static shapes"
     transposed = _node(torch.nn.ConvTranspose2d(4, 4, 2), x4, op=_CONV)
-    assert conv2d(transposed) == "transposed convolution is not lowered"
-    assert conv2d(_node(torch.nn.Conv2d(4, 4, 3), x4, op=_CONV), input_ranks=(3,)) is not None
+    assert c.conv2d(transposed) == "transposed convolution is not lowered"
+    assert c.conv2d(_node(torch.nn.Conv2d(4, 4, 3), x4, op=_CONV), input_ranks=(3,)) is not None
 
 
 def test_static_shapes_names_the_dynamic_tensor_and_the_backends_reason():
     dim = torch.export.Dim("n", min=2, max=16)
     node = _node(torch.relu, torch.randn(4, 3), op="aten.relu.default", dynamic_shapes=(({0: dim},),))
-    why = static_shapes("AcmeNPU graphs are static")(node)
+    why = c.static_shapes("AcmeNPU graphs are static")(node)
     assert why is not None and why.startswith("dynamic shape on ") and why.endswith(": AcmeNPU graphs are static")
-    assert static_shapes("x")(_node(torch.relu, torch.randn(4, 3), op="aten.relu.default")) is None
+    assert c.static_shapes("x")(_node(torch.relu, torch.randn(4, 3), op="aten.relu.default")) is None
 
 
 def test_static_shapes_rank_and_empty_tensors():
     node = _node(torch.relu, torch.randn(1, 1, 1, 1, 2, 3), op="aten.relu.default")
-    assert static_shapes("s", max_rank=6)(node) is None
-    assert "has rank 6 > 5" in static_shapes("s", max_rank=5)(node)
+    assert c.static_shapes("s", max_rank=6)(node) is None
+    assert "has rank 6 > 5" in c.static_shapes("s", max_rank=5)(node)
     empty = _node(torch.relu, torch.randn(2, 0), op="aten.relu.default")
-    assert static_shapes("s")(empty) is None
-    assert static_shapes("s", empty="views only")(empty).endswith("[2, 0] has no elements: views only")
+    assert c.static_shapes("s")(empty) is None
+    assert c.static_shapes("s", empty="views only")(empty).endswith("[2, 0] has no elements: views only")
 
 
 def test_max_rank_checks_inputs_too_and_skips_dynamic_shapes():
     node = _node(lambda x: x.reshape(6), torch.randn(1, 1, 1, 1, 2, 3), op="aten.view_copy.default")
-    why = max_rank(5, "the NPU's tensors have rank 5 at most")(node)
+    why = c.max_rank(5, "the NPU's tensors have rank 5 at most")(node)
     assert why is not None and "has rank 6 > 5 (the NPU's tensors have rank 5 at most)" in why  # the input
-    assert max_rank(6)(node) is None
+    assert c.max_rank(6)(node) is None
 
 
 def test_max_pool2d_dilation_ceil_mode_and_used_indices():
     op = "aten.max_pool2d_with_indices.default"
-    assert max_pool2d(_node(lambda x: F.max_pool2d(x, 2), x4, op=op)) is None
+    assert c.max_pool2d(_node(lambda x: F.max_pool2d(x, 2), x4, op=op)) is None
     dilated = _node(lambda x: F.max_pool2d(x, 2, dilation=2), x4, op=op)
-    assert max_pool2d(dilated) == "dilated max pooling" and max_pool2d(dilated, dilation=True) is None
+    assert c.max_pool2d(dilated) == "dilated max pooling" and c.max_pool2d(dilated, dilation=True) is None
     ceil = _node(lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True), x4, op=op)
-    assert max_pool2d(ceil) == "ceil_mode=True" and max_pool2d(ceil, ceil_mode=True) is None
+    assert c.max_pool2d(ceil) == "ceil_mode=True" and c.max_pool2d(ceil, ceil_mode=True) is None
     indices = _node(lambda x: F.max_pool2d(x, 2, return_indices=True)[1].float(), x4, op=op)
-    assert max_pool2d(indices).startswith("the indices output of ")
+    assert c.max_pool2d(indices).startswith("the indices output of ")
 
 
 def test_first_output_only_on_layer_norm_statistics():
     op = "aten.native_layer_norm.default"
     plain = _node(lambda x: F.layer_norm(x, (8,)), torch.randn(2, 8), op=op)
-    assert first_output_only(plain) is None
+    assert c.first_output_only(plain) is None
     stats = _node(lambda x: torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)[1] * 2, torch.randn(2, 8),
                   op=op)
-    assert first_output_only(stats).startswith("output [1] of ")
+    assert c.first_output_only(stats).startswith("output [1] of ")
 
 
 def test_avg_pool2d_ceil_mode_divisor_and_counted_padding():
     op = "aten.avg_pool2d.default"
-    assert avg_pool2d(_node(lambda x: F.avg_pool2d(x, 2), x4, op=op)) is None
-    assert avg_pool2d(_node(lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True), x4, op=op)) == "ceil_mode=True"
-    assert avg_pool2d(_node(lambda x: F.avg_pool2d(x, 2, divisor_override=3), x4, op=op)) == "divisor_override is set"
+    assert c.avg_pool2d(_node(lambda x: F.avg_pool2d(x, 2), x4, op=op)) is None
+    assert c.avg_pool2d(_node(lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True), x4, op=op)) == "ceil_mode=True"
+    assert c.avg_pool2d(_node(lambda x: F.avg_pool2d(x, 2, divisor_override=3), x4, op=op)) == "divisor_override is set"
     counted = _node(lambda x: F.avg_pool2d(x, 3, 1, 1), x4, op=op)
-    assert avg_pool2d(counted) is None
-    assert avg_pool2d(counted, count_include_pad=False).startswith("padding counted in the average")
+    assert c.avg_pool2d(counted) is None
+    assert c.avg_pool2d(counted, count_include_pad=False).startswith("padding counted in the average")
     valid = _node(lambda x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False), x4, op=op)
-    assert avg_pool2d(valid, count_include_pad=False) is None
+    assert c.avg_pool2d(valid, count_include_pad=False) is None
 
 
 def test_adaptive_pool_alpha_padding_steps_softmax_gelu():
     op = "aten.adaptive_avg_pool2d.default"  # what backends keep whole (to_edge would decompose it)
-    assert adaptive_avg_pool_1x1(_node(lambda x: F.adaptive_avg_pool2d(x, 1), x4, op=op, edge=False)) is None
-    assert "to [2, 2], not 1x1" in adaptive_avg_pool_1x1(
+    assert c.adaptive_avg_pool_1x1(_node(lambda x: F.adaptive_avg_pool2d(x, 1), x4, op=op, edge=False)) is None
+    assert "to [2, 2], not 1x1" in c.adaptive_avg_pool_1x1(
         _node(lambda x: F.adaptive_avg_pool2d(x, 2), x4, op=op, edge=False))
     y = torch.randn(2, 3)
-    assert alpha_one(_node(lambda a, b: torch.add(a, b, alpha=2), y, y, op="aten.add.Tensor")) == "alpha != 1"
-    assert alpha_one(_node(lambda a, b: a - b, y, y, op="aten.sub.Tensor")) is None
-    assert non_negative_padding(_node(lambda x: F.pad(x, (1, 1)), y, op="aten.constant_pad_nd.default")) is None
-    assert non_negative_padding(_node(lambda x: F.pad(x, (-1, 1)), y, op="aten.constant_pad_nd.default"))
+    assert c.alpha_one(_node(lambda a, b: torch.add(a, b, alpha=2), y, y, op="aten.add.Tensor")) == "alpha != 1"
+    assert c.alpha_one(_node(lambda a, b: a - b, y, y, op="aten.sub.Tensor")) is None
+    assert c.non_negative_padding(_node(lambda x: F.pad(x, (1, 1)), y, op="aten.constant_pad_nd.default")) is None
+    assert c.non_negative_padding(_node(lambda x: F.pad(x, (-1, 1)), y, op="aten.constant_pad_nd.default"))
     step2 = _node(lambda x: x[:, ::2], y, op="aten.slice_copy.Tensor")
-    assert positive_step(step2) is None and unit_step(step2) == "slice step 2 (step 1 only)"
-    assert unit_step(_node(lambda x: x[:, 1:], y, op="aten.slice_copy.Tensor")) is None
-    assert no_half_to_float(_node(lambda x: torch.softmax(x, -1), y, op="aten._softmax.default")) is None
-    assert gelu_erf_or_tanh(_node(lambda x: F.gelu(x, approximate="tanh"), y, op="aten.gelu.default")) is None
+    assert c.positive_step(step2) is None and c.unit_step(step2) == "slice step 2 (step 1 only)"
+    assert c.unit_step(_node(lambda x: x[:, 1:], y, op="aten.slice_copy.Tensor")) is None
+    assert c.no_half_to_float(_node(lambda x: torch.softmax(x, -1), y, op="aten._softmax.default")) is None
+    assert c.gelu_erf_or_tanh(_node(lambda x: F.gelu(x, approximate="tanh"), y, op="aten.gelu.default")) is None
 
 
 def test_first_problem_returns_the_first_reason_in_order():
     node = _node(torch.nn.Conv2d(4, 4, 1, groups=2, dilation=2), x4, op=_CONV)
-    dilation_first = first_problem(partial(conv2d, groups="any", dilation=False), conv2d)
+    dilation_first = c.first_problem(partial(c.conv2d, groups="any", dilation=False), c.conv2d)
     assert dilation_first(node).startswith("dilated convolution")
-    assert first_problem(conv2d, partial(conv2d, dilation=False))(node).startswith("grouped convolution")
+    assert c.first_problem(c.conv2d, partial(c.conv2d, dilation=False))(node).startswith("grouped convolution")
     y = torch.randn(2, 3)
     scaled = _node(lambda a, b: torch.add(a, b, alpha=2), y, y, op="aten.add.Tensor")
-    assert first_problem(static_shapes("s"), alpha_one)(scaled) == "alpha != 1"
+    assert c.first_problem(c.static_shapes("s"), c.alpha_one)(scaled) == "alpha != 1"
 
 
 def test_constraints_import_without_torch():

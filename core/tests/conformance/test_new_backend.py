@@ -187,7 +187,7 @@ def test_generated_backend_is_discovered_and_passes_the_suite(tmp_path):
 
     code, out = _run([sys.executable, "-m", "edgeport.cli", "backends"], env=env, cwd=tmp_path)
     assert code == 0, out
-    assert "AcmenpuBackend  version 0.1.0  distribution edgeport-acmenpu  plugin acmenpu  ops 3  available" in out
+    assert "AcmenpuBackend  version 0.1.0  distribution edgeport-acmenpu  plugin acmenpu  ops 4  available" in out
 
     code, out = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not model-"],
                      env=env, cwd=pkg)

@@ -34,6 +34,29 @@ def test_model_lowered_with_the_partitioner_runs_on_edgeport_runtime():
     np.testing.assert_allclose(out, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_cropping_pad_stays_off_the_backend_with_the_constraints_reason():
+    """constant_pad_nd is claimed with edgeport.constraints.non_negative_padding: a crop is refused, a pad runs."""
+    def model(x):
+        return torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 2, 0, 1), value=0.5), (-1, 0)).relu()
+
+    x = torch.randn(2, 3, 4)
+    partitioner = TemplatePartitioner()
+    program = edgeport.to_edge_transform_and_lower(torch.export.export(_Fn(model), (x,)),
+                                                   partitioner=[partitioner]).to_executorch()
+    assert any("negative padding (cropping)" in why for why in partitioner.rejections.values())
+    (out,) = Runtime.get().load_program(program.buffer).load_method("forward").execute([x.numpy()])
+    np.testing.assert_allclose(out, model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 def blob_of(edge):
     lowered = [m for _, m in edge.exported_program().graph_module.named_children() if hasattr(m, "processed_bytes")]
     return lowered[0].processed_bytes

@@ -10,7 +10,7 @@ from edgeport_template.options import TemplateCompileOptions
 
 
 class TemplatePartitioner(CapabilityBasedPartitioner):
-    """Tags the float32 add/mul/relu nodes of a program for ``TemplateBackend``.
+    """Tags the float32 add/mul/relu/pad nodes of a program for ``TemplateBackend``.
 
     Args:
         compile_options: a :class:`TemplateCompileOptions` or a list of ``CompileSpec`` (checked here, so a typo

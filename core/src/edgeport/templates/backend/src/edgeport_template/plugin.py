@@ -43,6 +43,6 @@ def edgeport_register_backends(registry: Any) -> None:
             capabilities=capabilities,
             compile_options=TemplateCompileOptions,
             is_available=is_available,
-            description="TemplateBackend: float32 add/mul/relu, run by numpy",
+            description="TemplateBackend: float32 add/mul/relu/pad, run by numpy",
         )
     )

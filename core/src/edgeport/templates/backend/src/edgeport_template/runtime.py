@@ -36,11 +36,19 @@ def _relu(a: Any) -> Any:
     return np.maximum(a, np.zeros((), dtype=a.dtype))
 
 
+def _pad(a: Any, pad: Any, value: Any = 0) -> Any:
+    widths = [(0, 0)] * a.ndim  # torch lists (before, after) pairs from the last dimension backwards
+    for i in range(len(pad) // 2):
+        widths[a.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    return np.pad(a, widths, constant_values=np.asarray(value, dtype=a.dtype))
+
+
 #: op name -> (kernel, number of schema arguments); keep in step with capabilities.py.
 KERNELS: dict[str, tuple[Callable[..., Any], int]] = {
     "aten.add.Tensor": (_add, 3),
     "aten.mul.Tensor": (np.multiply, 2),
     "aten.relu.default": (_relu, 1),
+    "aten.constant_pad_nd.default": (_pad, 3),
 }
 
 
