@@ -35,9 +35,7 @@ class ConvQuantizer(BackendQuantizer):
         self.weight = symmetric_weight_spec(per_channel=per_channel)
 
     def annotate(self, model: GraphModule) -> GraphModule:
-        for node in model.graph.nodes:
-            if node.op != "call_function" or self.annotated(node) or not self.wanted(node):
-                continue
+        for node in self.candidates(model):
             if node.target in (aten.conv2d.default, aten.linear.default):
                 x, w, b = node.args[0], node.args[1], node_arg(node, 2, "bias")
                 inputs = {x: self.act, w: self.weight}

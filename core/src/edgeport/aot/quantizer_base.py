@@ -13,8 +13,8 @@ pt2e model adds the very bias the integer kernel adds to its int32 accumulator):
             self.act, self.weight = int8_activation_spec(observer), symmetric_weight_spec()
 
         def annotate(self, model):
-            for node in model.graph.nodes:
-                if node.op == "call_function" and node.target == torch.ops.aten.conv2d.default and self.wanted(node):
+            for node in self.candidates(model):
+                if node.target == torch.ops.aten.conv2d.default:
                     x, w, b = node.args[0], node.args[1], node_arg(node, 2, "bias")
                     inputs = {x: self.act, w: self.weight}
                     if b is not None:
@@ -28,7 +28,7 @@ Part of the ``quantize`` extra: importing this module imports torch and torchao 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -129,6 +129,13 @@ class BackendQuantizer(Quantizer):
 
     def validate(self, model: torch.fx.GraphModule) -> None:
         """Nothing to check beyond what ``annotate`` enforces while annotating."""
+
+    def candidates(self, model: torch.fx.GraphModule) -> Iterator[Node]:
+        """The graph's calls still to annotate, in order: not annotated yet (checked as each is reached, so a
+        clamp fused into the node before it is skipped) and :meth:`wanted`."""
+        for node in list(model.graph.nodes):
+            if node.op == "call_function" and not self.annotated(node) and self.wanted(node):
+                yield node
 
     def wanted(self, node: Node) -> bool:
         """``node`` may be quantized (``node_filter`` does not keep it in float)."""

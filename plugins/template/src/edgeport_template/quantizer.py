@@ -22,9 +22,7 @@ scale, clamp fusion, shared parameters)::
                 self.act, self.weight = int8_activation_spec(observer), symmetric_weight_spec()
 
             def annotate(self, model):   # mark the patterns the backend runs in int8
-                for node in model.graph.nodes:
-                    if node.op != "call_function" or self.annotated(node) or not self.wanted(node):
-                        continue
+                for node in self.candidates(model):
                     if node.target == torch.ops.aten.linear.default:
                         x, w, *bias = node.args
                         inputs = {x: self.act, w: self.weight}
