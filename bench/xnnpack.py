@@ -63,11 +63,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # bench/ is not a package: the parts live in bench/xnnpack_bench/
     sys.path.insert(0, str(HERE))
 
+from xnnpack_bench.busy import render_busy, start_spinner  # noqa: E402
 from xnnpack_bench.candidates import transpose_candidate  # noqa: E402
-from xnnpack_bench.machine import cpu_model, git_head, libxnnpack_version, loadavg, nproc  # noqa: E402
+from xnnpack_bench.machine import cpu_flags, cpu_model, git_head, libxnnpack_version, loadavg, nproc  # noqa: E402
 from xnnpack_bench.measure import bench_model  # noqa: E402
 from xnnpack_bench.report import render, write_report  # noqa: E402
-from xnnpack_bench.settings import CACHE, CNNS, MODELS, REPORT, SECTION  # noqa: E402
+from xnnpack_bench.settings import BUSY_SECTION, CACHE, CNNS, MODELS, REPORT, SECTION  # noqa: E402
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,6 +93,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="skip the candidate-fix diagnostics (one shared thread pool, channel-shuffle transpose)")
     ap.add_argument("--render-only", action="store_true", help="re-render the last run's saved measurements")
     ap.add_argument("--no-cache", action="store_true", help="re-lower with ExecuTorch instead of reusing the cache")
+    ap.add_argument("--busy-core", action="store_true",
+                    help="another process spins on one core for the whole run; adds the contender 'edgeport, system "
+                         f"pthreadpool' and writes '{BUSY_SECTION}' (no profile or candidate passes)")
     args = ap.parse_args(argv)
     if args.reps is None:
         args.reps = 10 if args.quick else 100
@@ -100,17 +104,29 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _print_row(r: dict) -> None:
+    if "times" in r:
+        print(f"#   {r['name']} warm: " + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f} ms" for k, v in r["times"].items())
+              + "; cold: " + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f}" for k, v in r["times_cold"].items())
+              + f"; other load {r['others_cores']:.2f} cores; err ep {r.get('err_ep', float('nan')):.1e}"
+              f" et {r['err_et']:.1e}" + (f"; pool {r['pool_stats']}" if r.get("pool_stats") else "")
+              + (f"; {r['note']}" if r.get("note") else ""), file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measure the models (or re-render the saved run), print the report section, optionally write it."""
     args = _parse(argv)
+    saved_name = "xnnpack-busy-last-run.json" if args.busy_core else "xnnpack-last-run.json"
+    section = BUSY_SECTION if args.busy_core else SECTION
     if args.render_only:  # re-render the last run's measurements (after editing the report text)
-        saved = json.loads((CACHE / "xnnpack-last-run.json").read_text())
+        saved = json.loads((CACHE / saved_name).read_text())
         for k in ("quick", "reps", "prof_reps", "threads", "gap_ms", "budget_s", "diag_threads"):
             setattr(args, k, saved["args"][k])
-        body = render(saved["results"], saved["meta"], args, saved["candidate"])
+        body = (render_busy(saved["results"], saved["meta"], args) if args.busy_core
+                else render(saved["results"], saved["meta"], args, saved["candidate"]))
         print(body)
         if args.write_report:
-            write_report(body)
+            write_report(body, section)
         return
     n = str(args.threads)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "EDGEPORT_XNNPACK_THREADS"):
@@ -129,21 +145,24 @@ def main(argv: list[str] | None = None) -> None:
     if portable_lib._threadpool_get_thread_count() != args.threads:
         portable_lib._unsafe_reset_threadpool(args.threads)
     results = []
-    for name in args.models:
-        print(f"# {name} ...", file=sys.stderr, flush=True)
-        try:
-            r = bench_model(name, args)
-        except Exception as exc:  # noqa: BLE001 - report and go on with the other models
-            traceback.print_exc()
-            r = {"name": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        results.append(r)
-        if "times" in r:
-            print(f"#   {name} warm: " + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f} ms" for k, v in r["times"].items())
-                  + "; cold: " + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f}" for k, v in r["times_cold"].items())
-                  + f"; other load {r['others_cores']:.2f} cores; err ep {r.get('err_ep', float('nan')):.1e}"
-                  f" et {r['err_et']:.1e}" + (f"; {r['note']}" if r.get("note") else ""), file=sys.stderr, flush=True)
+    spinner = start_spinner() if args.busy_core else None
+    try:
+        for name in args.models:
+            print(f"# {name} ...", file=sys.stderr, flush=True)
+            try:
+                r = bench_model(name, args)
+            except Exception as exc:  # noqa: BLE001 - report and go on with the other models
+                traceback.print_exc()
+                r = {"name": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            results.append(r)
+            _print_row(r)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     candidate = {}
-    if CNNS & set(args.models):
+    if CNNS & set(args.models) and not args.busy_core:
+
         try:
             candidate = transpose_candidate(50 if args.quick else 300)
         except Exception as exc:  # noqa: BLE001 - a diagnostic only
@@ -154,19 +173,27 @@ def main(argv: list[str] | None = None) -> None:
         "executorch": version("executorch"), "numpy": np.__version__, "libxnnpack": libxnnpack_version(),
         "platform": platform.platform(), "et_threads": str(portable_lib._threadpool_get_thread_count()),
         "load_start": load_start, "load_end": loadavg(), "wall": f"{time.perf_counter() - wall0:.0f} s",
-        "commit": commit,
+        "commit": commit, "flags": cpu_flags(), "pool": _pool_text(),
     }
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
-        (CACHE / "xnnpack-last-run.json").write_text(json.dumps(
+        (CACHE / saved_name).write_text(json.dumps(
             {"results": results, "meta": meta, "candidate": candidate, "args": vars(args)}, default=str))
     except OSError:
         pass
-    body = render(results, meta, args, candidate)
+    body = render_busy(results, meta, args) if args.busy_core else render(results, meta, args, candidate)
     print(body)
     if args.write_report:
-        write_report(body)
-        print(f"# wrote the '{SECTION}' section of {REPORT}", file=sys.stderr)
+        write_report(body, section)
+        print(f"# wrote the '{section}' section of {REPORT}", file=sys.stderr)
+
+
+def _pool_text() -> str:
+    from edgeport_xnnpack import native
+
+    kind, reason = native.pool_status()
+    return ("edgeport's own (`edgeport_xnnpack._pool`)" if kind == "edgeport"
+            else f"the system libpthreadpool ({reason})")
 
 
 if __name__ == "__main__":

@@ -106,3 +106,15 @@ def libxnnpack_version() -> str:
         return out.stdout.strip() or "n/a"
     except OSError:
         return "n/a"
+
+
+def cpu_flags() -> str:
+    """The SIMD flags of /proc/cpuinfo that decide XNNPACK's kernels (fma, sse4, avx*, amx*)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                keep = ("fma", "sse4", "avx", "f16c", "amx")
+                return " ".join(f for f in line.split(":", 1)[1].split() if f.startswith(keep))
+    except OSError:
+        pass
+    return "unknown"

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .busy import SystemPoolContender
 from .candidates import load_with_shared_pool
 from .machine import CpuMeter, git_state, loadavg, wait_quiet
 from .models import build_model, lower_edgeport, lower_executorch
@@ -76,6 +77,15 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         diag = Runtime.get().load_program(diag_pte).load_method("forward")
         res["err_diag"] = rel_err(diag.execute(x_np)[0], ref)
         fns["edgeport_diag"] = lambda: diag.execute(x_np)
+    system = None
+    if ep_pte is not None and getattr(args, "busy_core", False):
+        from edgeport_xnnpack import native
+
+        if native.pool_status()[0] == "edgeport":  # edgeport as it was: the same .pte on Debian's pthreadpool
+            system = SystemPoolContender(ep_pte, x_np)
+            res["err_system"] = rel_err(system.out, ref)
+            res["system_pool"] = list(system.status)
+            fns["edgeport_system"] = system  # type: ignore[assignment]
     shared = None
     if method is not None and res.get("pools_distinct", 0) > 1 and not args.no_candidates:
         shared, shared_pool = load_with_shared_pool(ep_pte)
@@ -87,18 +97,27 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                     "its `XNNPACKQuantizer` + `get_symmetric_quantization_config(is_per_channel=True)`; both "
                     "calibrated on the same 5 batches")
     res["waited_s"] = wait_quiet(args.quiet_wait, args.quiet_cores) if args.quiet_wait else 0.0
-    with CpuMeter() as cm:
-        la0 = loadavg()
-        times = interleaved(fns, args.reps, args.gap_ms / 1e3, budget_s=args.budget_s,
-                            min_reps=min(args.reps, 20))
+    pool = next((d.handle.pool for d in delegates if getattr(d.handle, "pool", None)), None) if method else None
+    stats0 = pool.stats() if pool is not None else None
+    try:
+        with CpuMeter() as cm:
+            la0 = loadavg()
+            times = interleaved(fns, args.reps, args.gap_ms / 1e3, budget_s=args.budget_s,
+                                min_reps=min(args.reps, 20))
+    finally:
+        if system is not None:
+            system.close()
+    if stats0 is not None:
+        res["pool_stats"] = {k: v - stats0[k] for k, v in pool.stats().items()}
     res["loadavg"] = la0
-    res["spin_ms"] = {k: spin_after(f) for k, f in fns.items()}
+    res["spin_ms"] = {k: spin_after(f) for k, f in fns.items() if not hasattr(f, "calls")}
     res["others_cores"] = cm.others
     res["times"] = {k: (statistics.median(v[1]) * 1e3, min(v[1]) * 1e3) for k, v in times.items()}
     res["times_cold"] = {k: (statistics.median(v[0]) * 1e3, min(v[0]) * 1e3) for k, v in times.items()}
     res["reps"] = len(times["eager"][0])
     if method is not None:
-        res["prof"] = profile_edgeport(method, x_np, args.prof_reps, args.gap_ms / 1e3)
+        if not getattr(args, "busy_core", False):  # the profile is of the quiet run's interest
+            res["prof"] = profile_edgeport(method, x_np, args.prof_reps, args.gap_ms / 1e3)
         method.release()
     if shared is not None:
         res["prof_shared"] = profile_edgeport(shared, x_np, args.prof_reps, args.gap_ms / 1e3)

@@ -196,13 +196,18 @@ def render(results: list[dict[str, Any]], meta: dict[str, str], args: argparse.N
     return "\n".join(L) + "\n"
 
 
-def write_report(body: str) -> None:
-    """Replace (or append) the ``SECTION`` section of bench/REPORT.md with ``body``."""
+def write_report(body: str, title: str = SECTION) -> None:
+    """Replace the ``title`` section of bench/REPORT.md with ``body``; a new one goes right after the
+    ``SECTION`` section (or at the end)."""
     text = REPORT.read_text() if REPORT.exists() else "# edgeport benchmarks\n"
-    section = f"{SECTION}\n\n{body}"
+    section = f"{title}\n\n{body}"
     lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    if start is None:
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == title), None)
+    after = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
+    if start is None and after is not None:
+        end = next((i for i in range(after + 1, len(lines)) if re.match(r"^#{1,2} ", lines[i])), len(lines))
+        text = "".join(lines[:end]).rstrip("\n") + "\n\n" + section + "\n" + "".join(lines[end:])
+    elif start is None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = next((i for i in range(start + 1, len(lines)) if re.match(r"^#{1,2} ", lines[i])), len(lines))

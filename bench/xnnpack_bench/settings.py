@@ -9,6 +9,7 @@ BENCH_DIR = Path(__file__).resolve().parents[1]
 ROOT = BENCH_DIR.parent
 REPORT = BENCH_DIR / "REPORT.md"
 SECTION = "## XNNPACK latency"
+BUSY_SECTION = "## XNNPACK latency, one core busy"  # bench/xnnpack.py --busy-core
 MODELS = ["mlp", "mobilenet_v2", "mobilenet_v2_int8", "resnet18", "encoder"]
 CNNS = {"mobilenet_v2", "mobilenet_v2_int8", "resnet18"}
 # ExecuTorch + XNNPACK latency measured earlier by the team on this machine (ms); eager for the encoder

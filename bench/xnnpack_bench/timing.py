@@ -14,12 +14,14 @@ def interleaved(fns: dict[str, Callable[[], Any]], reps: int, gap_s: float, warm
 
     Every repetition visits each function once, in an order rotated per repetition: sleep ``gap_s``, then call it
     ``calls`` times in a row. Call 0 is the first call after the idle gap ("cold": the worker threads have
-    parked); call 1 follows it at once ("warm": steady state, as in a loop). With ``budget_s``, stops after
+    parked); call 1 follows it at once ("warm": steady state, as in a loop). A value with a ``calls(n)`` method
+    (a contender in a child process) runs ``n`` calls and returns their seconds itself. With ``budget_s``, stops after
     ``min_reps`` repetitions once the loop has run that long."""
     names = list(fns)
     for _ in range(warmup):
         for n in names:
-            fns[n]()
+            f = fns[n]
+            f.calls(1) if hasattr(f, "calls") else f()
     times: dict[str, list[list[float]]] = {n: [[] for _ in range(calls)] for n in names}
     clock = time.perf_counter
     start = clock()
@@ -31,6 +33,10 @@ def interleaved(fns: dict[str, Callable[[], Any]], reps: int, gap_s: float, warm
             if gap_s:
                 time.sleep(gap_s)
             fn, out = fns[n], times[n]
+            if hasattr(fn, "calls"):  # a contender in another process: it times its own calls
+                for j, v in enumerate(fn.calls(calls)):
+                    out[j].append(v)
+                continue
             for j in range(calls):
                 t = clock()
                 fn()
