@@ -26,6 +26,7 @@ class NativeStep:
     vids: list[int]
     label: str
     debug_handles: tuple[int, ...] = ()  # the edge nodes this step carries out (ETDump sub-events name them)
+    event_id: str = ""  # one blob node: its event id in ExecuTorch's XNNPACK profile (a delegate map key)
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.runtime.run_list(list(map(env.__getitem__, self.vids)))
@@ -44,6 +45,7 @@ class HostStep:
     segment: HostSegment
     label: str
     debug_handles: tuple[int, ...] = ()
+    event_id: str = ""
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.segment.run(env)
@@ -69,6 +71,7 @@ class ShuffleStep:
     dst: int
     label: str
     debug_handles: tuple[int, ...] = ()
+    event_id: str = ""
 
     def run(self, env: dict[int, np.ndarray]) -> None:
         self.op.run(env[self.src], env[self.dst])

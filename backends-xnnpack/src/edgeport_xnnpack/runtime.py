@@ -65,6 +65,7 @@ from edgeport_xnnpack.schema.graph import (
     XNode,
     node_layout,
 )
+from edgeport_xnnpack.schema.operator_names import node_event_ids
 from edgeport_xnnpack.schema.reader import BlobError, read_blob
 
 _WEIGHT_KINDS = ("XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNFullyConnected")
@@ -92,6 +93,7 @@ class _Planner:
         self.group_scales: dict[int, np.ndarray] = {}  # qbint4 filters' float32 block scales
         self.products: frozenset[str] = frozenset()  # kinds of matrix products run on the host (_host_gemm)
         self.pool: native.ThreadPool | None = None
+        self.event_ids = node_event_ids(graph)  # a step running one blob node: its id in ExecuTorch's profile
 
     # -- checks ----------------------------------------------------------------------------------------------
     def check_values(self) -> tuple[list[int], list[int]]:
@@ -225,6 +227,8 @@ class _Planner:
                 else:
                     steps.append(self._host(group, external))
                 steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
+                named = self.event_ids.get(id(group[0])) if len(group) == 1 else None
+                steps[-1].event_id = named[1] if named is not None and named[0] is group[0] else ""
             for step in steps:  # the executor's own buffers are checked once, here
                 if isinstance(step, NativeStep):
                     step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
@@ -426,6 +430,7 @@ class XnnpackExecutor(RuntimeExecutor):
     shapes run)."""
 
     thread_safe = True  # execute serializes the runs of its handles under its own lock
+    pure = True  # no state: the same inputs give the same outputs (the runtime folds calls on constants at load)
 
     def __init__(self, num_threads: int | None = None, max_specializations: int | None = None) -> None:
         self.num_threads = num_threads
@@ -499,7 +504,7 @@ class XnnpackExecutor(RuntimeExecutor):
                     for k, step in enumerate(plan.steps):
                         start = tracer.now_ns()
                         step.run(env)
-                        tracer.log_profiling_delegate(step.label, f"step {k}: {step.label}", start,
+                        tracer.log_profiling_delegate(step.label, step.event_id or f"step {k}: {step.label}", start,
                                                       tracer.now_ns(), debug_handles=step.debug_handles)
             except (native.XnnpackError, ValueError) as exc:
                 label = step.label if step is not None else "?"
@@ -509,7 +514,8 @@ class XnnpackExecutor(RuntimeExecutor):
     def set_event_tracer(self, handle: XnnpackHandle, tracer: Any) -> None:
         """While ``tracer`` is set (the program records an ETDump), each call reports every step -- a native
         XNNPACK runtime, a numpy host segment, a channel shuffle -- as a delegate sub-event named by its label
-        (delegate debug id ``"step K: <label>"``), with the debug handles of the edge nodes it carries out. The
+        (delegate debug id ``"step K: <label>"``, or for a step of one blob node the id ExecuTorch's XNNPACK
+        delegate reports that node's operator under), with the debug handles of the edge nodes it carries out. The
         2022 library has no per-operator profiling, so a step is the finest unit timed. ``None`` turns it off."""
         if isinstance(handle, XnnpackHandle):
             handle.tracer = tracer

@@ -213,7 +213,27 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
     except ValueError as exc:
         raise LoweringError(str(exc)) from exc
     named = move_constants_to_named_data(graph, data, tag)
-    # ExecuTorch's delegate map: blob node "node#I" -> the edge node (debug handle) it carries out. The keys are
-    # strings no runtime sub-event id contains ("step K"): ExecuTorch's Inspector also matches keys as substrings.
-    handles = {f"node#{i}": (n.debug_handle,) for i, n in enumerate(graph.nodes) if n.debug_handle}
-    return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map=handles, data_store_output=named)
+    return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map=delegate_map(graph),
+                            data_store_output=named)
+
+
+def delegate_map(graph: Any) -> dict[str, tuple[int, ...]]:
+    """ExecuTorch's delegate map of a blob: each profiling event id a runtime reports for it -> the debug handles
+    of the edge nodes that event carries out.
+
+    Keys: the ids ExecuTorch's XNNPACK delegate gives its per-operator events (``"Fully Connected (NC, F32) GEMM
+    #3"``, see :mod:`edgeport_xnnpack.schema.operator_names`); a node XNNPACK fuses into another adds its handles
+    to that node's events. edgeport's executor identifies a step that carries out one blob node by the same id.
+    Nodes without a debug handle (none in an edge program's partition) have no key."""
+    from edgeport_xnnpack.schema.operator_names import stock_event_ids
+
+    stock = stock_event_ids(graph)
+    handles: list[set[int]] = [{n.debug_handle} if n.debug_handle else set() for n in graph.nodes]
+    for i, j in stock.fused_into.items():
+        handles[j] |= handles[i]
+    out: dict[str, tuple[int, ...]] = {}
+    for i, keys in enumerate(stock.keys()):
+        for key in keys:
+            if handles[i]:
+                out[key] = tuple(sorted(handles[i]))
+    return out

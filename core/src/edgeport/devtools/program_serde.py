@@ -119,8 +119,7 @@ def serialize_program(program: Any) -> SerializedProgram:
         artifact = serde.serialize(program)
     except Exception as exc:
         raise ProgramSerdeError(f"torch.export could not serialize the program: {type(exc).__name__}: {exc}") from exc
-    handles = {n.name: n.meta[DEBUG_HANDLE] for n in program.graph.nodes
-               if n.op == "call_function" and isinstance(n.meta.get(DEBUG_HANDLE), int)}
+    handles = _handles_by_output(program)
     doc = json.loads(artifact.exported_program)
     for node in _graph_json_nodes(doc):
         for name in _output_names(node):
@@ -155,6 +154,29 @@ def deserialize_program(data: SerializedProgram, where: str) -> Any:
         raise ProgramSerdeError(f"{where}: torch.export could not read the program: {type(exc).__name__}: "
                                 f"{exc}") from exc
     for node in program.graph.nodes:
-        if node.name in by_output:
+        if node.name in by_output and not _is_getitem(node):
             node.meta[DEBUG_HANDLE] = by_output[node.name]
+    for node in program.graph.nodes:  # a multi-output node: named in the file by its outputs (its getitems)
+        if _is_getitem(node) and node.name in by_output and DEBUG_HANDLE not in node.args[0].meta:
+            node.args[0].meta[DEBUG_HANDLE] = by_output[node.name]
     return program
+
+
+def _is_getitem(node: Any) -> bool:
+    import operator
+
+    return node.op == "call_function" and node.target is operator.getitem and bool(node.args) \
+        and hasattr(node.args[0], "meta")
+
+
+def _handles_by_output(program: Any) -> dict[str, int]:
+    """Output name -> the debug handle the file records for the node producing it. The file names a multi-output
+    node (``native_layer_norm``) by its outputs, which are its getitems' names: those carry the node's own handle,
+    not the getitems', so the Inspectors find the operator (ExecuTorch's reads the handle of the file's node)."""
+    handles: dict[str, int] = {}
+    for n in program.graph.nodes:
+        if n.op != "call_function" or not isinstance(handle := n.meta.get(DEBUG_HANDLE), int):
+            continue
+        source = n.args[0].meta.get(DEBUG_HANDLE) if _is_getitem(n) else None
+        handles[n.name] = source if isinstance(source, int) else handle
+    return handles

@@ -39,6 +39,7 @@ class StockResult:
     error: str | None = None
     crash: str | None = None
     log: str = field(default="", repr=False)
+    etdump: bytes | None = field(default=None, repr=False)  # the run's ETDump, when the case asked for profiling
 
     @property
     def ok(self) -> bool:
@@ -79,9 +80,10 @@ def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
     """Run each ``(name, pte_bytes, method, inputs)`` case on the stock ExecuTorch runtime, in child processes.
 
     A case may carry a fifth element: the bytes of the ``.ptd`` data file the program needs (the stock Python
-    runtime takes one), passed as ``load_program(pte, data_path=...)``, and a sixth: ``True`` when ``inputs`` is
+    runtime takes one), passed as ``load_program(pte, data_path=...)``, a sixth: ``True`` when ``inputs`` is
     a list of steps (input lists) to execute in order on one loaded method (state carries between them); its
-    outputs are then one list per step.
+    outputs are then one list per step, and a seventh: ``True`` to profile the run (``enable_etdump=True``; the
+    result's ``etdump`` holds the ETDump the runtime wrote).
 
     Returns one :class:`StockResult` per case, in order. A child that dies takes only its current case with it;
     the rest run in a fresh child. ``python`` is the interpreter to use (default: this one).
@@ -99,8 +101,9 @@ def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
                 data_path = work / f"case{i}.ptd"
                 data_path.write_bytes(bytes(case[4]))
             steps = bool(len(case) > 5 and case[5])
+            etdump = str(work / f"case{i}.etdp") if len(case) > 6 and case[6] else None
             listed.append((name, str(path), method, [list(s) for s in inputs] if steps else list(inputs),
-                           None if data_path is None else str(data_path), steps))
+                           None if data_path is None else str(data_path), steps, etdump))
         (work / "cases.pkl").write_bytes(pickle.dumps(listed))
         start = 0
         while start < len(cases):
@@ -120,7 +123,9 @@ def run_cases(cases: Sequence[tuple[Any, ...]], *, timeout: float = 600.0,
                     running = record[1]
                 else:
                     _, index, outputs, error = record
-                    results[index] = StockResult(listed[index][0], outputs=outputs, error=error)
+                    dump = listed[index][6]
+                    results[index] = StockResult(listed[index][0], outputs=outputs, error=error, etdump=(
+                        Path(dump).read_bytes() if dump is not None and Path(dump).exists() else None))
                     running = None
             if running is None:
                 if all(r is not None for r in results[start:]):
@@ -150,3 +155,11 @@ def run_steps(pte: bytes, steps: Sequence[Sequence[Any]], method: str = "forward
     """Execute one loaded method of a (stateful) program once per step, in order, on the stock ExecuTorch runtime
     in a child process; ``outputs`` is one output list per step."""
     return run_cases([(name, pte, method, [list(s) for s in steps], data, True)], timeout=timeout)[0]
+
+
+def profile_program(pte: bytes, steps: Sequence[Sequence[Any]], method: str = "forward", *,
+                    name: str = "program", timeout: float = 600.0, data: bytes | None = None) -> StockResult:
+    """Execute one loaded method once per step (input list) on the stock ExecuTorch runtime with profiling on
+    (in a child process); ``etdump`` is the ETDump it wrote (one ``Execute`` block per step), ``outputs`` one
+    output list per step."""
+    return run_cases([(name, pte, method, [list(s) for s in steps], data, True, True)], timeout=timeout)[0]

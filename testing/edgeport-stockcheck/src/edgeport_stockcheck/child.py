@@ -1,7 +1,8 @@
 """The child process of ``edgeport.testing.stock_runtime``: runs pickled cases on the stock ExecuTorch runtime.
 
 ``python -m edgeport_stockcheck.child WORK START`` loads ``WORK/cases.pkl`` (``(name, pte path, method, inputs,
-ptd path[, steps])`` tuples; with ``steps`` true, ``inputs`` is a list of input lists executed in order on one
+ptd path[, steps[, etdump path]])`` tuples; with an ETDump path, the program is loaded with profiling on and its
+ETDump written there after the run; with ``steps`` true, ``inputs`` is a list of input lists executed in order on one
 loaded method, and the outputs are one list per step), runs them from index ``START`` on ``executorch.runtime`` (programs loaded from files, i.e.
 memory-mapped as on a device) and appends a length-prefixed pickled record per event to ``WORK/report.bin``:
 ``("start", i)`` before a case and ``("done", i, outputs, error)`` after it, so the parent knows which case was
@@ -42,16 +43,19 @@ def main(work: str, start: int) -> None:
         for index in range(start, len(cases)):
             _name, path, method, inputs, data_path, *rest = cases[index]
             steps = bool(rest and rest[0])  # a sequence of executes on one loaded method (stateful programs)
+            etdump = rest[1] if len(rest) > 1 else None  # profile: write the ETDump to this path
             emit(("start", index))
             try:
                 program = runtime.load_program(path, verification=Verification.InternalConsistency,
-                                               data_path=data_path)
+                                               data_path=data_path, enable_etdump=etdump is not None)
                 loaded = program.load_method(method)
                 if steps:
                     result = [[_as_output(v) for v in loaded.execute([_as_input(v) for v in step])]
                               for step in inputs]
                 else:
                     result = [_as_output(v) for v in loaded.execute([_as_input(v) for v in inputs])]
+                if etdump is not None:
+                    program.write_etdump_result_to_file(etdump, etdump + ".debug")
                 emit(("done", index, result, None))
             except Exception as exc:  # noqa: BLE001 - reported to the parent as the case's error
                 emit(("done", index, None, f"{type(exc).__name__}: {exc}"))
