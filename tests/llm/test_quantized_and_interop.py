@@ -75,6 +75,57 @@ def test_8da4w_runs_on_the_stock_runtime(quantized):
     assert agree >= 0.95, f"{name}: top-1 agreement on the stock runtime {agree:.2%}"
 
 
+@pytest.fixture(scope="module", params=["4", "8"])
+def embedding_quantized(request):
+    """8da4w linears plus torchao ``IntxWeightOnlyConfig`` embeddings (4 / 8 bit), dynamic prefill length: the
+    program, and the torchao-quantized eager model's logits of a 5-token prefill and teacher-forced steps."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model = DECODERS["llama"]()
+    exported = export_decoder(copy.deepcopy(model), max_seq_len=16, max_context_len=CONTEXT, quantize="8da4w",
+                              quantize_embedding=request.param, group_size=32)
+    reference = copy.deepcopy(model)
+    _quantize(reference, "8da4w", request.param, 32)
+    module = TorchExportableModuleForDecoderOnlyLM(reference, batch_size=1, max_cache_len=CONTEXT).model
+    tokens = _tokens()
+    with torch.no_grad():
+        prefill = module(input_ids=torch.tensor([tokens[:5]]), cache_position=torch.arange(5))[0].numpy()
+        logits = [module(input_ids=torch.tensor([[t]]), cache_position=torch.tensor([i]))[0, -1].numpy()
+                  for i, t in enumerate(tokens) if i >= 5]
+    return request.param, exported.manager.buffer, prefill, logits
+
+
+def _prefill_then_steps() -> list[list[np.ndarray]]:
+    tokens = _tokens()
+    return [[np.array([tokens[:5]], dtype=np.int64), np.arange(5, dtype=np.int64)], *_steps()[5:]]
+
+
+def _check_embedding_quantized(name: str, outputs: list, prefill: np.ndarray, reference: list) -> None:
+    first = np.asarray(outputs[0])[0]
+    assert first.shape == prefill.shape
+    assert np.mean(np.argmax(first, -1) == np.argmax(prefill, -1)) >= 0.8, f"{name}: prefill top-1"
+    got = [np.asarray(o)[0, -1] for o in outputs[1:]]
+    agree = np.mean([np.argmax(r) == np.argmax(g) for r, g in zip(reference, got)])
+    assert agree >= 0.95, f"{name}: top-1 agreement {agree:.2%}"
+    assert min(_sqnr(r, g) for r, g in zip(reference, got)) > 25
+
+
+def test_quantized_embeddings_with_a_dynamic_prefill_on_edgeport_runtime(embedding_quantized):
+    """Regression: the embedding's weight-only dequantize was kept whole for XNNPACK, not delegated, and the
+    lowered program's second decomposition failed on the delegates' dynamic shapes."""
+    bits, pte, prefill, reference = embedding_quantized
+    method = Runtime.get().load_program(pte).load_method(backend_options={"XnnpackBackend": {"num_threads": 1}})
+    outputs = [method.execute(step)[0] for step in _prefill_then_steps()]
+    _check_embedding_quantized(f"int{bits} embedding", outputs, prefill, reference)
+
+
+def test_quantized_embeddings_on_the_stock_runtime(embedding_quantized):
+    bits, pte, prefill, reference = embedding_quantized
+    result = run_steps(pte, _prefill_then_steps())
+    assert result.ok, result.describe() + "\n" + result.log
+    _check_embedding_quantized(f"int{bits} embedding (stock)", [o[0] for o in result.outputs], prefill, reference)
+
+
 def test_edgeport_runs_executorch_s_stateful_decoder_with_eager_tokens():
     """ExecuTorch 1.5.1 lowers the same exported module with its XnnpackPartitioner; edgeport's runtime generates
     the eager tokens with it."""

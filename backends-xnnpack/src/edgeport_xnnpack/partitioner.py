@@ -18,6 +18,7 @@ reason, and the portable kernels run their decomposition.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -143,14 +144,42 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
         """Keep ``linear`` and ``hardswish`` whole so they reach the backend as one node each, and torchao's
-        affine quant ops (when torchao defined them) so its quantized linears can be recognized."""
+        affine quant ops (when torchao defined them) that lead to a ``linear``, so its quantized linears can be
+        recognized. Others (an embedding's weight-only dequantize) are decomposed as usual: kept whole and not
+        delegated, they would force a second decomposition of the lowered program."""
         ops = [torch.ops.aten.linear.default, torch.ops.aten.hardswish.default]
+        affine = []
         for name in ("choose_qparams_affine", "quantize_affine", "dequantize_affine"):
             try:
-                ops.append(getattr(torch.ops.torchao, name).default)
+                affine.append(getattr(torch.ops.torchao, name).default)
             except (AttributeError, RuntimeError):  # torchao not imported: no graph can hold them
                 pass
-        return ops, None
+        if not affine:
+            return ops, None
+        kept = set(affine)
+
+        def keep(node: torch.fx.Node) -> bool:
+            return node.target not in kept or _feeds_linear(node, kept)
+
+        return [*ops, *affine], keep
+
+
+def _feeds_linear(node: torch.fx.Node, through: set[Any]) -> bool:
+    """Whether ``node``'s value reaches an ``aten.linear`` through torchao affine quant ops (and getitems)."""
+    import operator
+
+    seen: set[torch.fx.Node] = set()
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.target is torch.ops.aten.linear.default:
+            return True
+        if user.target in through or user.target is operator.getitem:
+            todo.extend(user.users)
+    return False
 
 
 def _drop_constant_partitions(result: PartitionResult, constants: set[str]) -> PartitionResult:
