@@ -18,10 +18,13 @@ SOURCES = sorted(p.name[:-5] for p in PKG.joinpath("shaders").iterdir() if p.nam
 EXPECTED = {  # shader -> (bindings, push-constant bytes)
     "binary": (3, 76), "unary": (2, 12), "matmul": (4, 28), "conv2d": (4, 76), "pool2d": (2, 60), "mean": (2, 8),
     "softmax": (2, 12), "layer_norm": (4, 20), "permute": (2, 56), "copy": (2, 88), "fill": (1, 8),
+    "ewise": (4, 100), "gather": (4, 72), "scan": (2, 12),
 }
-
-
-VARIANTS = [f"{name}{suffix}" for name in sorted(EXPECTED) for suffix in ("", "_fp16")]
+# build variants beyond the default ("", "_fp16"): the word-storage shaders have the plain build only, the data
+# movers an int32 one too (their `// edgeport-variants:` lines)
+SUFFIXES = {"ewise": ("",), "gather": ("",), "scan": ("",), "copy": ("", "_fp16", "_i32"), "permute": ("", "_fp16", "_i32"),
+            "fill": ("", "_fp16", "_i32")}
+VARIANTS = [f"{name}{suffix}" for name in sorted(EXPECTED) for suffix in SUFFIXES.get(name, ("", "_fp16"))]
 
 
 def test_every_shader_is_compiled():
@@ -34,7 +37,7 @@ def test_every_shader_is_compiled():
 def test_spirv_valid_and_interface(name):
     code = PKG.joinpath("spirv", f"{name}.spv").read_bytes()
     iface = reflect(code)
-    assert (iface.bindings, iface.push_constant_size) == EXPECTED[name.removesuffix("_fp16")]
+    assert (iface.bindings, iface.push_constant_size) == EXPECTED[name.removesuffix("_fp16").removesuffix("_i32")]
     words = struct.unpack(f"<{len(code) // 4}I", code)
     capabilities = {words[i + 1] for i in range(5, len(words) - 1) if words[i] == (2 << 16) | 17}  # OpCapability
     # Shader (+ StorageBuffer16BitAccess for fp16 storage); never Float16 arithmetic (a separate device feature)

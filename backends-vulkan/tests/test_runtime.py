@@ -64,7 +64,8 @@ def test_unknown_operators_are_named(device, mlp_blob):
     (lambda g: g.values[g.input_ids[0]].value.dims.__setitem__(0, 3), "produces|does not match"),
     (lambda g: setattr(g.constants[0], "length", 7), "bytes"),
     (lambda g: setattr(g.constants[0], "offset", 1 << 40), "exceeds"),
-    (lambda g: setattr(g.values[g.input_ids[0]].value, "datatype", 3), "only FLOAT32"),
+    (lambda g: setattr(g.values[g.input_ids[0]].value, "datatype", 3), "float tensors only"),
+    (lambda g: setattr(g.values[g.input_ids[0]].value, "datatype", 7), "only FLOAT32 / FLOAT16, INT32 and BOOL"),
     (lambda g: g.chain.append(g.chain[0]), "written twice"),
 ])
 def test_inconsistent_graphs_are_refused_at_init(device, mlp_blob, mutate, match):

@@ -16,13 +16,19 @@ import numpy as np
 from edgeport.errors import ProgramError
 
 from ._plan_compute import COMPUTE_HANDLERS
-from ._plan_context import Dispatch, Plan, PlanContext
+from ._plan_context import FLOAT, Dispatch, Plan, PlanContext
+from ._plan_typed import TYPED_HANDLERS
 from ._plan_views import VIEW_HANDLERS
 from .schema import NAMED_DATA_OFFSET, VkDataType, VkGraph, VkTensor
 
 __all__ = ["Dispatch", "HANDLERS", "Plan", "plan_graph"]
 
-HANDLERS: dict[str, Callable[[PlanContext, list[int]], None]] = {**COMPUTE_HANDLERS, **VIEW_HANDLERS}
+HANDLERS: dict[str, Callable[[PlanContext, list[int]], None]] = {**COMPUTE_HANDLERS, **VIEW_HANDLERS,
+                                                                 **TYPED_HANDLERS}
+#: shaders that store every element as a 32-bit word (int32 / bool tensors, or ``ewise`` / ``gather`` of floats)
+WORD_SHADERS = frozenset({"ewise", "gather", "scan", "copy_i32", "permute_i32", "fill_i32"})
+_CONSTANT_FORMATS = {VkDataType.FLOAT16: "<f2", VkDataType.FLOAT32: "<f4", VkDataType.INT32: "<i4",
+                     VkDataType.BOOL: "u1"}
 
 
 def plan_graph(graph: VkGraph, constant_bytes: memoryview, named_data: Callable[[str], memoryview] | None,
@@ -41,12 +47,13 @@ def plan_graph(graph: VkGraph, constant_bytes: memoryview, named_data: Callable[
     for vid, v in enumerate(graph.values):
         t = v.value
         if isinstance(t, VkTensor) and t.constant_id >= 0:
-            dims = ctx.float_dims(vid, t)
+            dims, kind = ctx.typed_dims(vid, t)
             if t.constant_id >= len(graph.constants):
                 raise ProgramError(f"{where}: tensor {vid} names constant {t.constant_id} of "
                                    f"{len(graph.constants)}")
             c = graph.constants[t.constant_id]
-            itemsize = 2 if t.datatype == VkDataType.FLOAT16 else 4
+            fmt = np.dtype(_CONSTANT_FORMATS[VkDataType(t.datatype)])
+            itemsize = fmt.itemsize  # as ExecuTorch writes them: bools one byte each
             nbytes = math.prod(dims) * itemsize
             if c.length != nbytes:
                 raise ProgramError(f"{where}: constant {t.constant_id} has {c.length} bytes, tensor {vid} "
@@ -68,8 +75,8 @@ def plan_graph(graph: VkGraph, constant_bytes: memoryview, named_data: Callable[
                     raise ProgramError(f"{where}: constant {t.constant_id} [{c.offset}, {c.offset + c.length}) "
                                        f"exceeds the {len(constant_bytes)}-byte data section")
                 raw = constant_bytes[c.offset:c.offset + c.length]
-            ctx.plan.constants[vid] = np.frombuffer(bytes(raw), dtype="<f2" if itemsize == 2 else "<f4").astype(
-                np.float32)
+            ctx.plan.constants[vid] = np.frombuffer(bytes(raw), dtype=fmt).astype(
+                np.float32 if kind == FLOAT else np.int32)
             ctx.plan.dims[vid] = dims
             ctx.plan.storage[vid] = vid
             ctx.defined.add(vid)
@@ -78,7 +85,7 @@ def plan_graph(graph: VkGraph, constant_bytes: memoryview, named_data: Callable[
         t = ctx.tensor_decl(vid)
         if t.constant_id >= 0 or vid in ctx.defined:
             raise ProgramError(f"{where}: input {vid} is a constant or listed twice")
-        ctx.plan.dims[vid] = ctx.float_dims(vid, t)
+        ctx.plan.dims[vid] = ctx.typed_dims(vid, t)[0]
         ctx.plan.storage[vid] = vid
         ctx.defined.add(vid)
         ctx.plan.inputs.append(vid)
@@ -113,4 +120,9 @@ def plan_graph(graph: VkGraph, constant_bytes: memoryview, named_data: Callable[
     if not ctx.plan.dispatches and not ctx.plan.outputs:
         raise ProgramError(f"{where}: empty graph")
     ctx.plan.fp16 = ctx.float_type == VkDataType.FLOAT16
+    if ctx.plan.fp16:
+        words = sorted({d.shader for d in ctx.plan.dispatches if d.shader in WORD_SHADERS})
+        if ctx.plan.kinds or words:
+            raise ProgramError(f"{where}: a FLOAT16 (force_fp16) graph computes float tensors only; this one has "
+                               f"{'int32 / bool tensors' if ctx.plan.kinds else 'word-storage shaders ' + str(words)}")
     return ctx.plan

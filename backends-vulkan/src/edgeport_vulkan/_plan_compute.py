@@ -10,11 +10,13 @@ import numpy as np
 
 from ._launch import contiguous_strides, pad6
 from ._plan_context import (
+    FLOAT,
     MAX_GROUPS,
     PlanContext,
     check_nargs,
     dispatch_groups,
 )
+from ._plan_typed import typed_binary
 from .schema import (
     IntList,
     Null,
@@ -36,7 +38,17 @@ def _operand(ctx: PlanContext, vid: int) -> int:
     return ctx.synthetic(np.array([ctx.num(vid, "scalar operand")], np.float32))
 
 
+def _is_float(ctx: PlanContext, vid: int) -> bool:
+    v = ctx.value(vid)
+    if isinstance(v, VkTensor):
+        return ctx.typed_dims(vid, v)[1] == FLOAT
+    return True  # a number: the float shader takes it as a float operand
+
+
 def _binary(ctx: PlanContext, args: list[int]) -> None:
+    if len(args) >= 3 and not all(_is_float(ctx, v) for v in (args[0], args[1], args[-1])):
+        typed_binary(ctx, args)  # an int32 / bool operand or output: the ewise shader
+        return
     has_alpha = ctx.op.startswith(("aten.add.", "aten.sub."))
     check_nargs(ctx, args, 3, 4 if has_alpha else 3)
     if has_alpha and len(args) == 4 and not ctx.is_null(args[2]) and ctx.num(args[2], "alpha") != 1:
@@ -67,7 +79,8 @@ def _binary(ctx: PlanContext, args: list[int]) -> None:
 _UNARY = {"aten.relu.default": 0, "aten.hardtanh.default": 1, "aten.clamp.default": 1, "aten.sigmoid.default": 2,
           "aten.tanh.default": 3, "aten.hardswish.default": 4, "aten.gelu.default": 5, "aten.neg.default": 7,
           "aten.abs.default": 8, "aten.exp.default": 9, "aten.sqrt.default": 10, "aten.silu.default": 11,
-          "aten.leaky_relu.default": 12, "aten.rsqrt.default": 13, "aten.pow.Tensor_Scalar": 14}
+          "aten.leaky_relu.default": 12, "aten.rsqrt.default": 13, "aten.pow.Tensor_Scalar": 14,
+          "aten.sin.default": 15, "aten.cos.default": 16}
 
 
 def _unary(ctx: PlanContext, args: list[int]) -> None:

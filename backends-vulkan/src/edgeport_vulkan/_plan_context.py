@@ -37,8 +37,12 @@ ZERO_ELEMENT_OPS = frozenset({
     "aten.view_copy.default", "aten._unsafe_view.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
     "aten.unsqueeze_copy.default", "aten.clone.default", "aten.permute_copy.default", "aten.cat.default",
     "aten.slice_copy.Tensor", "aten.select_copy.int", "aten.expand_copy.default",
-    "aten.split_with_sizes_copy.default",
+    "aten.split_with_sizes_copy.default", "aten.alias_copy.default",
 })
+#: element kinds of device tensors (every buffer element is a 32-bit word, or 16 bits for FLOAT16 storage); the
+#: ``ewise`` shader's type codes
+FLOAT, INT, BOOL = 0, 1, 2
+KIND_NAMES = {FLOAT: "float", INT: "int32", BOOL: "bool"}
 
 
 @dataclass
@@ -62,6 +66,8 @@ class Plan:
     dispatches: list[Dispatch]
     op_counts: dict[str, int] = field(default_factory=dict)
     fp16: bool = False  # FLOAT16 tensors (storage); the runtime still exchanges float32 arrays
+    kinds: dict[int, int] = field(default_factory=dict)  # tensor id -> INT / BOOL (absent: FLOAT)
+    status: int | None = None  # id of the 1-word buffer the gather shader flags an out-of-range index in
 
 
 def dispatch_groups(n: int, local: int) -> tuple[int, int, int]:
@@ -98,15 +104,32 @@ class PlanContext:
         return v
 
     def float_dims(self, vid: int, t: VkTensor) -> tuple[int, ...]:
+        dims, kind = self.typed_dims(vid, t)
+        if kind != FLOAT:
+            raise self.fail(f"tensor {vid} has datatype {dtype_name(t.datatype)}; this operator computes FLOAT32 / "
+                            "FLOAT16 tensors only")
+        return dims
+
+    def typed_dims(self, vid: int, t: VkTensor) -> tuple[tuple[int, ...], int]:
+        """Dims and element kind (FLOAT, INT, BOOL) of a declared tensor."""
         if t.datatype in (VkDataType.FLOAT32, VkDataType.FLOAT16):
+            kind = FLOAT
             if self.float_type is None:
                 self.float_type = int(t.datatype)
             elif self.float_type != t.datatype:
                 raise self.fail(f"tensor {vid} is {dtype_name(t.datatype)} while others are "
                                 f"{dtype_name(self.float_type)}: a graph is all FLOAT32 or all FLOAT16 (force_fp16)")
+        elif t.datatype in (VkDataType.INT32, VkDataType.BOOL):
+            kind = INT if t.datatype == VkDataType.INT32 else BOOL
         else:
-            raise self.fail(f"tensor {vid} has datatype {dtype_name(t.datatype)}; only FLOAT32 / FLOAT16 tensors are "
-                            "computed")
+            raise self.fail(f"tensor {vid} has datatype {dtype_name(t.datatype)}; only FLOAT32 / FLOAT16, INT32 and "
+                            "BOOL tensors are computed")
+        dims = self._checked_dims(vid, t)
+        if kind != FLOAT:
+            self.plan.kinds[vid] = kind
+        return dims, kind
+
+    def _checked_dims(self, vid: int, t: VkTensor) -> tuple[int, ...]:
         dims = tuple(int(d) for d in t.dims)
         if len(dims) > MAX_DIMS:
             raise self.fail(f"tensor {vid} has {len(dims)} dims (max {MAX_DIMS})")
@@ -121,17 +144,35 @@ class PlanContext:
                             "take empty tensors")
 
     def tensor(self, vid: int, what: str = "input") -> tuple[int, ...]:
-        """Dims of a tensor read by the current operator (it must be defined already)."""
+        """Dims of a float tensor read by the current operator (it must be defined already)."""
+        dims, kind = self.typed(vid, what)
+        if kind != FLOAT:
+            raise self.fail(f"{what} tensor {vid} is {KIND_NAMES[kind]}; this operator computes float tensors only")
+        return dims
+
+    def typed(self, vid: int, what: str = "input") -> tuple[tuple[int, ...], int]:
+        """Dims and element kind of a tensor of any kind read by the current operator."""
         t = self.tensor_decl(vid)
-        dims = self.float_dims(vid, t)
+        dims, kind = self.typed_dims(vid, t)
         if vid not in self.defined:
             raise self.fail(f"{what} tensor {vid} is read before any operator writes it")
         self._check_empty(vid, dims, what)
-        return dims
+        return dims, kind
 
     def out(self, vid: int, expected: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        dims, kind = self.out_typed(vid, expected)
+        if kind != FLOAT:
+            raise self.fail(f"output tensor {vid} is {KIND_NAMES[kind]}; this operator computes float tensors only")
+        return dims
+
+    def out_typed(self, vid: int, expected: tuple[int, ...] | None = None,
+                  kind: int | None = None) -> tuple[tuple[int, ...], int]:
+        """Declares the output ``vid`` written (of element kind ``kind`` when given); returns its dims and kind."""
         t = self.tensor_decl(vid)
-        dims = self.float_dims(vid, t)
+        dims, declared = self.typed_dims(vid, t)
+        if kind is not None and declared != kind:
+            raise self.fail(f"output tensor {vid} is declared {dtype_name(t.datatype)}, the operator produces "
+                            f"{KIND_NAMES[kind]}")
         if vid in self.defined:
             raise self.fail(f"output tensor {vid} is written twice (or is an input / constant)")
         if expected is not None and tuple(expected) != dims:
@@ -140,7 +181,7 @@ class PlanContext:
         self.defined.add(vid)
         self.plan.dims[vid] = dims
         self.plan.storage[vid] = vid
-        return dims
+        return dims, declared
 
     def is_null(self, vid: int) -> bool:
         return isinstance(self.value(vid), Null)
@@ -203,14 +244,23 @@ class PlanContext:
             raise self.fail(f"{what} {d} is out of range for rank {rank}")
         return d % r
 
-    def synthetic(self, data: np.ndarray) -> int:
+    def synthetic(self, data: np.ndarray, kind: int = FLOAT) -> int:
+        """A constant made by the plan (float32, or int32 words for INT / BOOL)."""
         vid = self._next_synthetic
         self._next_synthetic -= 1
-        arr = np.ascontiguousarray(data, dtype=np.float32).reshape(-1)
+        arr = np.ascontiguousarray(data, dtype=np.float32 if kind == FLOAT else np.int32).reshape(-1)
         self.plan.dims[vid] = (arr.size,)
         self.plan.storage[vid] = vid
         self.plan.constants[vid] = arr
+        if kind != FLOAT:
+            self.plan.kinds[vid] = kind
         return vid
+
+    def status(self) -> int:
+        """The plan's status word (gather's out-of-range flag), made on first use."""
+        if self.plan.status is None:
+            self.plan.status = self.synthetic(np.zeros(1, np.int32), INT)
+        return self.plan.status
 
     def dummy(self) -> int:
         return self.synthetic(np.zeros(1, np.float32))
@@ -224,7 +274,7 @@ class PlanContext:
 
     def alias(self, out: int, src: int) -> None:
         src_dims = self.plan.dims[src]
-        dims = self.out(out)
+        dims, _ = self.out_typed(out, None, self.plan.kinds.get(src, FLOAT))
         if math.prod(dims) != math.prod(src_dims):
             raise self.fail(f"view of {list(src_dims)} as {list(dims)} changes the element count")
         self.plan.storage[out] = self.plan.storage[src]

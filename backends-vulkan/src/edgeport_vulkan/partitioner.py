@@ -20,6 +20,7 @@ from edgeport.aot.capability_partitioner import (
 )
 from edgeport.aot.partitioner import PartitionResult
 from edgeport_vulkan.capabilities import capabilities
+from edgeport_vulkan.capabilities_typed import fp16_refusal
 from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions
 
 _BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
@@ -57,6 +58,10 @@ class VulkanPartitioner(CapabilityBasedPartitioner):
         if self.compile_options.require_dynamic_shapes:
             return ("require_dynamic_shapes=True: edgeport's Vulkan executor plans static shapes only, so nothing "
                     "is delegated")
+        if self.compile_options.force_fp16:
+            why = fp16_refusal(node, op_name(node.target))
+            if why is not None:
+                return why
         if op_name(node.target) == _BATCH_NORM:
             for i in (1, 2, 3, 4):  # weight, bias, running mean / var: folded into a scale and shift at load
                 a = node.args[i] if i < len(node.args) else None

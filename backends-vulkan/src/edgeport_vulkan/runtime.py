@@ -20,6 +20,7 @@ import numpy as np
 from edgeport.backend import CompileSpec
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_vulkan._plan import Plan, plan_graph
+from edgeport_vulkan._plan_context import BOOL, FLOAT
 from edgeport_vulkan.options import BACKEND_ID, VulkanCompileOptions
 from edgeport_vulkan.schema import parse_blob
 
@@ -155,6 +156,8 @@ class VulkanExecutor:
 
     @staticmethod
     def _to_device(a: np.ndarray, fp16: bool) -> np.ndarray:
+        if a.dtype == np.int32:  # int32 / bool words
+            return np.ascontiguousarray(a).reshape(-1)
         a = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
         if fp16:
             with np.errstate(over="ignore"):
@@ -175,11 +178,7 @@ class VulkanExecutor:
             raise RuntimeExecutionError(f"{BACKEND_ID}: {len(inputs)} inputs given, the graph takes "
                                         f"{len(plan.inputs)}")
         for i, (x, vid) in enumerate(zip(inputs, plan.inputs, strict=True)):
-            a = np.asarray(x)
-            if a.dtype != np.float32 or tuple(a.shape) != plan.dims[vid]:
-                raise RuntimeExecutionError(f"{BACKEND_ID}: input {i} must be float32 of shape "
-                                            f"{list(plan.dims[vid])}, got {a.dtype} {list(a.shape)}")
-            handle.buffers[plan.storage[vid]].write(self._to_device(a, handle.fp16))
+            handle.buffers[plan.storage[vid]].write(self._input(i, np.asarray(x), plan, vid, handle.fp16))
         tracer, timed = handle.tracer, handle.timed
         if handle.recording is not None:
             try:
@@ -195,18 +194,44 @@ class VulkanExecutor:
                 raise RuntimeExecutionError(
                     f"{BACKEND_ID}: the Vulkan device failed during the run ({type(exc).__name__}: {exc}); the "
                     "delegate's buffers are intact, so the method can be run again or released") from exc
-        dtype = np.float16 if handle.fp16 else np.float32
+        if plan.status is not None:
+            status = handle.buffers[plan.storage[plan.status]]
+            if status.view(np.int32)[0]:
+                status.write(np.zeros(1, np.int32))
+                raise RuntimeExecutionError(f"{BACKEND_ID}: an index is out of range (embedding / index_select / "
+                                            "index / gather read outside its source); this run's outputs are invalid")
         results = []
         for i, vid in enumerate(plan.outputs):
             shape = plan.dims[vid]
+            kind = plan.kinds.get(vid, FLOAT)
+            dtype = np.int32 if kind != FLOAT else np.float16 if handle.fp16 else np.float32
+            want = np.float32 if kind == FLOAT else np.bool_ if kind == BOOL else np.int64
             data = handle.buffers[plan.storage[vid]].view(dtype)[:math.prod(shape)].reshape(shape)
             dst = out[i] if out is not None and i < len(out) else None
-            if dst is not None and isinstance(dst, np.ndarray) and dst.shape == shape and dst.dtype == np.float32:
-                np.copyto(dst, data)
+            if dst is not None and isinstance(dst, np.ndarray) and dst.shape == shape and (
+                    dst.dtype == want or (kind == FLOAT and dst.dtype == np.float32)
+                    or (kind != FLOAT and dst.dtype.kind == "i" and dst.dtype.itemsize >= 4)):
+                np.copyto(dst, data if kind != BOOL else data != 0, casting="unsafe")
                 results.append(dst)
             else:
-                results.append(data.astype(np.float32, copy=True))
+                results.append(data != 0 if kind == BOOL else data.astype(want, copy=True))
         return results
+
+    @staticmethod
+    def _input(i: int, a: np.ndarray, plan: Plan, vid: int, fp16: bool) -> np.ndarray:
+        """Input ``i`` as the device stores it: float32 (or fp16), int32 words for integer and bool tensors."""
+        kind = plan.kinds.get(vid, FLOAT)
+        ok = a.dtype == np.float32 if kind == FLOAT else a.dtype == np.bool_ if kind == BOOL else a.dtype.kind in "iu"
+        want = "float32" if kind == FLOAT else "bool" if kind == BOOL else "an integer dtype"
+        if not ok or tuple(a.shape) != plan.dims[vid]:
+            raise RuntimeExecutionError(f"{BACKEND_ID}: input {i} must be {want} of shape {list(plan.dims[vid])}, "
+                                        f"got {a.dtype} {list(a.shape)}")
+        if kind == FLOAT:
+            return VulkanExecutor._to_device(a, fp16)
+        if kind != BOOL and a.size and (int(a.min()) < -(2**31) or int(a.max()) >= 2**31):
+            raise RuntimeExecutionError(f"{BACKEND_ID}: input {i} has values outside the int32 range "
+                                        f"[{a.min()}, {a.max()}]; the Vulkan delegate computes integers in int32")
+        return np.ascontiguousarray(a, dtype=np.int32).reshape(-1)
 
     def set_event_tracer(self, handle: _Handle, tracer: Any) -> None:
         """While ``tracer`` is set (the program records an ETDump), runs use a copy of the command buffer with a GPU

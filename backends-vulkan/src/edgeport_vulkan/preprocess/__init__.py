@@ -3,7 +3,8 @@
 Operators are written as ExecuTorch's Vulkan delegate writes them: the overload name (``"aten.linear.default"``)
 and the value ids of *every* schema argument in order (defaults filled in; ``None`` as a ``Null`` value),
 followed by the id of the output tensor (a ``ValueList`` of tensors for multi-output ops). Constants (weights)
-go to the blob's data section, 16-byte aligned.
+go to the blob's data section, 16-byte aligned. Integer tensors are declared INT32 (``int64`` downcast, as
+ExecuTorch does: constants are range-checked and written as int32), bool tensors BOOL (constants one byte each).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from edgeport_vulkan.schema import (
 __all__ = ["build_vk_graph", "preprocess"]
 
 
+_WORD_DTYPES = (torch.int64, torch.int32, torch.bool)  # int32 words on the device
+
+
 def _fake(node: Any) -> torch.Tensor:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
@@ -68,8 +72,11 @@ class _Builder:
         return len(self.graph.values) - 1
 
     def tensor(self, t: torch.Tensor, where: str, constant: np.ndarray | None = None) -> int:
+        if t.dtype in _WORD_DTYPES:
+            return self._word_tensor(t, where, constant)
         if t.dtype != torch.float32:
-            raise LoweringError(f"{where}: dtype {t.dtype}; VulkanBackend exchanges float32 tensors only")
+            raise LoweringError(f"{where}: dtype {t.dtype}; VulkanBackend takes float32, int32 / int64 and bool "
+                                "tensors")
         cid = -1
         storage = VkDataType.FLOAT16 if self.fp16 else VkDataType.FLOAT32
         if constant is not None:
@@ -85,6 +92,26 @@ class _Builder:
         # inputs and outputs still stage as FLOAT32
         return self.add(VkTensor(datatype=storage, dims=_dims(t, where), constant_id=cid, mem_obj_id=-1,
                                  staging_datatype=storage if constant is not None else VkDataType.FLOAT32))
+
+    def _word_tensor(self, t: torch.Tensor, where: str, constant: np.ndarray | None) -> int:
+        if self.fp16:
+            raise LoweringError(f"{where}: {t.dtype} tensor in a force_fp16 graph (float tensors only)")
+        datatype = VkDataType.BOOL if t.dtype == torch.bool else VkDataType.INT32
+        cid = -1
+        if constant is not None:
+            if datatype == VkDataType.BOOL:
+                raw = np.ascontiguousarray(constant, dtype=np.bool_).tobytes()
+            else:
+                arr = np.asarray(constant)
+                if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+                    raise LoweringError(f"{where}: constant values outside int32, which the Vulkan delegate "
+                                        "computes integers in")
+                raw = np.ascontiguousarray(arr, dtype="<i4").tobytes()
+            cid = len(self.graph.constants)
+            self.graph.constants.append(VkBytes(offset=len(self.data), length=len(raw)))
+            self.data += raw + b"\x00" * (-len(raw) % 16)
+        return self.add(VkTensor(datatype=datatype, dims=_dims(t, where), constant_id=cid, mem_obj_id=-1,
+                                 staging_datatype=datatype))
 
     def scalar_arg(self, v: Any, where: str) -> int:
         if v is None:
@@ -106,7 +133,7 @@ class _Builder:
         if isinstance(v, (list, tuple)):
             if not v:
                 return self.add(IntList([]))
-            if all(isinstance(x, torch.fx.Node) for x in v):
+            if all(isinstance(x, torch.fx.Node) or x is None for x in v):  # tensors, or optional tensors
                 return self.add(ValueList([self.scalar_arg(x, where) for x in v]))
             if all(isinstance(x, bool) for x in v):
                 return self.add(BoolList([bool(x) for x in v]))
@@ -135,10 +162,13 @@ def build_vk_graph(ep: ExportedProgram, fp16: bool = False,
         if node.op == "placeholder":
             tensor = placeholder_tensor(ep, node)
             if tensor is not None:
-                const = tensor.detach().to(torch.float32).contiguous().numpy() if tensor.is_floating_point() \
-                    else None
-                if const is None:
-                    raise LoweringError(f"constant {node.name} is {tensor.dtype}; VulkanBackend takes float32")
+                if tensor.is_floating_point():
+                    const = tensor.detach().to(torch.float32).contiguous().numpy()
+                elif tensor.dtype in _WORD_DTYPES:
+                    const = tensor.detach().contiguous().numpy()
+                else:
+                    raise LoweringError(f"constant {node.name} is {tensor.dtype}; VulkanBackend takes float32, int "
+                                        "and bool constants")
                 b.ids[node] = b.tensor(tensor, node.name, const)
             else:
                 b.ids[node] = b.tensor(_fake(node), node.name)
@@ -166,7 +196,8 @@ def build_vk_graph(ep: ExportedProgram, fp16: bool = False,
             if isinstance(val, (tuple, list)):
                 outs = []
                 for i, t in enumerate(val):
-                    if t.dtype != torch.float32:  # e.g. max_pool2d's indices: declared, never computed
+                    if t.dtype != torch.float32 and (b.fp16 or t.dtype not in _WORD_DTYPES):
+                        # e.g. max_pool2d's indices: declared, never computed
                         outs.append(b.add(VkTensor(datatype=VkDataType.INT32 if t.dtype in (torch.int64, torch.int32)
                                                    else VkDataType.UNSET, dims=_dims(t, node.name),
                                                    constant_id=-1, mem_obj_id=-1)))

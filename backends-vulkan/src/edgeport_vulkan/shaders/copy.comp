@@ -1,10 +1,13 @@
 #version 450
+// edgeport-variants: fp16 i32
 // Strided copy of an N-D region (up to 6-D) with offsets on both sides: the building block of
 // cat (one copy per input), slice (offset + stepped strides) and pad (fill, then copy to the interior).
 //   dst[dst_off + sum(c_d * dst_str[d])] = src[src_off + sum(c_d * src_str[d])], c over `shape`.
 #ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
 #extension GL_EXT_shader_16bit_storage : require
 #define DTYPE float16_t
+#elif defined(INT32)  // 32-bit integer / bool storage (build variant <name>_i32.spv)
+#define DTYPE int
 #else
 #define DTYPE float
 #endif

@@ -1,8 +1,11 @@
 #version 450
+// edgeport-variants: fp16 i32
 // Fill a buffer with a constant (pad's border, zero-initialised outputs).
 #ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
 #extension GL_EXT_shader_16bit_storage : require
 #define DTYPE float16_t
+#elif defined(INT32)  // 32-bit integer / bool storage (build variant <name>_i32.spv)
+#define DTYPE int
 #else
 #define DTYPE float
 #endif

@@ -1,9 +1,12 @@
 #version 450
+// edgeport-variants: fp16 i32
 // Permute (transpose) up to 6-D: out is contiguous with shape `shape`; in_strides are the input's
 // strides reordered by the permutation, so out[i] = x[sum(coord_d * in_strides[d])].
 #ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
 #extension GL_EXT_shader_16bit_storage : require
 #define DTYPE float16_t
+#elif defined(INT32)  // 32-bit integer / bool storage (build variant <name>_i32.spv)
+#define DTYPE int
 #else
 #define DTYPE float
 #endif

@@ -2,7 +2,7 @@
 // Elementwise unary activations. Specialization constant OP (one pipeline per op): 0 relu, 1 clamp(lo, hi)
 // (relu6, hardtanh), 2 sigmoid, 3 tanh, 4 hardswish, 5 gelu (erf), 6 gelu (tanh approximation), 7 neg,
 // 8 abs, 9 exp, 10 sqrt, 11 silu, 12 leaky_relu(slope = lo), 13 rsqrt, 14 pow(x, lo) (torch's rules for
-// negative bases and zero: integer exponents keep the sign, other exponents give NaN).
+// negative bases and zero: integer exponents keep the sign, other exponents give NaN), 15 sin, 16 cos.
 #ifdef FP16  // fp16 storage (build variant <name>_fp16.spv); arithmetic stays fp32
 #extension GL_EXT_shader_16bit_storage : require
 #define DTYPE float16_t
@@ -70,7 +70,9 @@ void main() {
         else if (OP == 11) r = v * sigmoid_(v);
         else if (OP == 12) r = v >= 0.0 ? v : v * p.lo;
         else if (OP == 13) r = inversesqrt(v);
-        else r = pow_(v, p.lo);
+        else if (OP == 14) r = pow_(v, p.lo);
+        else if (OP == 15) r = sin(v);
+        else r = cos(v);
         o[i] = DTYPE(r);
     }
 }
