@@ -183,6 +183,9 @@ class RuntimeExecutor:
       :class:`edgeport.devtools.etdump.DelegateEventTracer`). Without it the call is still timed as a whole;
     * ``thread_safe = True`` — ``execute`` may run concurrently on one handle (otherwise calls are serialized
       under a per-delegate lock);
+    * ``pure = True`` — ``execute`` keeps no state between calls and gives the same outputs for the same inputs;
+      with ``num_outputs``, a call whose inputs are all constants then runs once at load and its outputs
+      become constants (constant folding; e.g. rotary-embedding tables and attention masks);
     * ``execute(handle, inputs, out=outs)`` — destination passing. When ``execute`` declares a parameter named
       ``out`` (a bare ``**kwargs`` does not count), every call passes ``outs``, a list with one entry per
       delegate output: the array the runtime planned for that output in the current run (writable,
@@ -195,6 +198,7 @@ class RuntimeExecutor:
     """
 
     thread_safe: bool = False
+    pure: bool = False
 
     def is_available(self) -> tuple[bool, str]:
         return True, ""

@@ -110,6 +110,8 @@ class ChainCompiler:
                 labels.append(label)
                 self.kernel_ops += 1
             elif k is S.DelegateCall:
+                if (ci, ii) in self.analysis.folded_delegates:
+                    continue
                 delegate = self.delegates[a.delegate_index]
                 label += f" (delegate {a.delegate_index}: {delegate.backend_id})"
                 for idx in a.args:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgeport.errors import UnsupportedOperatorError
@@ -66,6 +66,8 @@ class InstructionAnalysis:
     rw: set[int]
     read: set[int]
     state_tensors: set[int]
+    #: (chain, instruction) of delegate calls computed once at load (constant folding); not run
+    folded_delegates: set[tuple[int, int]] = field(default_factory=set)
 
     def kernel_calls(self) -> Iterator[KernelCallInfo]:
         for infos in self.chains:

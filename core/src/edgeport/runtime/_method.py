@@ -65,10 +65,11 @@ class MethodPlan:
         self.stateful = bool(analysis.state_tensors)
         #: the objects every context starts from (tensors other than constants are filled per context)
         self.static_template = mv.static_template()
-        if fold:
-            self.profile.folded_instructions = fold_constants(mv, plan, analysis, self.static_template)
-        self._layout = MemoryLayout(mv, self.static_template)
         self._delegates.init_all(lp, plan_index)
+        if fold:  # after init: calls of pure delegates on constants fold too
+            self.profile.folded_instructions = fold_constants(mv, plan, analysis, self.static_template,
+                                                              self._delegates.items)
+        self._layout = MemoryLayout(mv, self.static_template)
         compiler = ChainCompiler(mv, plan, analysis, self._layout, self._delegates.items)
         self.chains: list[CompiledChain] = compiler.compile()
         #: whether any portable kernel runs (only then does a run silence numpy's floating-point warnings: entering

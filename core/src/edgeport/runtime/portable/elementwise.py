@@ -434,16 +434,27 @@ for _name, _uf in {"logical_and": np.logical_and, "logical_or": np.logical_or, "
     kernel(*names)(_binary(_uf, _name))
 
 
+_WHERE_SHAPES: dict[tuple, tuple[int, ...]] = {}  # broadcast shape of (condition, self, other) shapes
+
+
 @kernel("aten::where.self_out")
 def where_out(condition, self, other, out):
-    shape = np.broadcast_shapes(condition.shape, np.shape(self), np.shape(other))
+    key = (condition.shape, np.shape(self), np.shape(other))
+    shape = _WHERE_SHAPES.get(key)
+    if shape is None:
+        shape = np.broadcast_shapes(*key)
+        if len(_WHERE_SHAPES) < 256:
+            _WHERE_SHAPES[key] = shape
     if shape != out.shape:
         out = resize(out, shape)
     # a condition that is the same everywhere (e.g. no fully masked attention row) needs one plain copy
-    if not condition.any():
+    n = np.count_nonzero(condition) if condition.dtype == np.bool_ else -1
+    if n == 0 or (n < 0 and not condition.any()):
         np.copyto(out, other, casting="unsafe")
-    elif condition.all():
+    elif n == condition.size or (n < 0 and condition.all()):
         np.copyto(out, self, casting="unsafe")
+    elif out.size <= 4096 and np.result_type(self, other) == out.dtype:
+        np.copyto(out, np.where(condition, self, other))  # small: one pass, no cast
     else:
         np.copyto(out, other, casting="unsafe")
         if not _copy_rows(out, self, condition):

@@ -480,9 +480,17 @@ def log_softmax_int_out(self, dim, dtype, out):
 
 
 # --------------------------------------------------------------------------------------------- embedding
+_UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
+
+
 @kernel("aten::embedding.out")
 def embedding_out(weight, indices, padding_idx, scale_grad_by_freq, sparse, out):
-    if indices.size and (indices.min() < 0 or indices.max() >= weight.shape[0]):
+    unsigned = _UNSIGNED.get(indices.dtype)
+    if unsigned is not None:  # one reduction: seen unsigned, a negative index is larger than any row count
+        bad = indices.size and int(indices.view(unsigned).max()) >= weight.shape[0]
+    else:
+        bad = indices.size and (indices.min() < 0 or indices.max() >= weight.shape[0])
+    if bad:
         raise RuntimeExecutionError(
             f"embedding: index out of range [0, {weight.shape[0]}) (got {int(indices.min())}..{int(indices.max())})")
     shape = indices.shape + weight.shape[1:]

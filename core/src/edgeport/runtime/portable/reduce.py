@@ -60,6 +60,11 @@ def _no_dims(dim) -> bool:
 
 @kernel("aten::any.out", "aten::any.dims_out")
 def any_out(self, dim, keepdim, out):
+    if type(dim) is int and self.dtype == np.bool_ and out.dtype == np.bool_ and 0 < self.size <= 4096:
+        d = normalize_dim(dim, self.ndim)
+        if self.ndim and out.shape == self.shape[:d] + ((1,) if keepdim else ()) + self.shape[d + 1:]:
+            np.any(self, axis=d, keepdims=bool(keepdim), out=out)
+            return out
     if _no_dims(dim):
         return store(out, self.astype(bool))
     axes = None if dim is None else (_axes(self, [dim]) if isinstance(dim, int) else _axes(self, dim))
