@@ -194,7 +194,7 @@ def measure(reps: int, only: set[str] | None) -> list[dict[str, Any]]:
                     fn()
                     times[label].append(time.perf_counter() - t0)
             rows.append({"model": name, "target": target, "ours": ours, "theirs": theirs,
-                         "t_ours": statistics.median(times["edgeport"]),
+                         "t_ours": statistics.median(times["edgeport"]) if times["edgeport"] else None,
                          "t_theirs": statistics.median(times["executorch"]) if times["executorch"] else None})
             print(f"# {name} {target} done", file=sys.stderr)
     return rows
@@ -203,6 +203,12 @@ def measure(reps: int, only: set[str] | None) -> list[dict[str, Any]]:
 def _fmt_fallback(fb: dict[str, int]) -> str:
     return str(sum(fb.values())) + ("" if not fb else " (" + ", ".join(
         f"{k.split('::')[-1].removesuffix('.out')} {v}" for k, v in sorted(fb.items())) + ")")
+
+
+def _seconds(ours: float | None, theirs: float | None) -> str:
+    if ours is None or theirs is None:  # --reps 0: Vela's estimates only, lowering not timed
+        return "- | -"
+    return f"{ours:.2f} / {theirs:.2f} | {ours / theirs:.2f}x"
 
 
 def report(rows: list[dict[str, Any]], started: str, seconds: float, reps: int) -> str:
@@ -217,7 +223,8 @@ def report(rows: list[dict[str, Any]], started: str, seconds: float, reps: int) 
              "Vela's estimates (same Vela, same flags: ExecuTorch's defaults per target) for the graphs each framework "
              "hands it; cycles ratio = edgeport / ExecuTorch (goal <= 1.0x). CPU fallback = kernels left outside the "
              "delegates besides the I/O quantize/dequantize. Lowering time = `to_edge_transform_and_lower(...)"
-             f".to_executorch()` on the quantized program, median of {reps}, interleaved (goal <= 0.5x).", "",
+             ".to_executorch()` on the quantized program, " + (f"median of {reps}, interleaved (goal <= 0.5x)." if reps
+             else "not timed in this run (--reps 0)."), "",
              "| model | target | NPU cycles edgeport | ExecuTorch | ratio | total cycles ratio | SRAM KiB edgeport / "
              "ExecuTorch | flash KiB edgeport / ExecuTorch | CPU fallback edgeport | ExecuTorch | lowering s edgeport / "
              "ExecuTorch | ratio |",
@@ -239,7 +246,7 @@ def report(rows: list[dict[str, Any]], started: str, seconds: float, reps: int) 
             f"| {r['model']} | {r['target']} | {cyc_o:,.0f} | {cyc_t:,.0f} | {ratio} | {tratio} | {sram_o:.1f} / "
             f"{sram_t:.1f} | {_sum(o, 'off_chip_flash_used_kib'):.1f} / {_sum(t, 'off_chip_flash_used_kib'):.1f} | "
             f"{_fmt_fallback(r['ours']['fallback'])} | {_fmt_fallback(r['theirs']['fallback'])} | "
-            f"{r['t_ours']:.2f} / {r['t_theirs']:.2f} | {r['t_ours'] / r['t_theirs']:.2f}x |")
+            f"{_seconds(r['t_ours'], r['t_theirs'])} |")
     if failed:
         lines += ["", "ExecuTorch's flow failed (its columns are empty): " + "; ".join(failed)]
     return "\n".join(lines) + "\n"
@@ -313,7 +320,7 @@ def isolation_report(rows: list[dict[str, Any]], started: str, seconds: float, r
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="timed lowerings per flow (0: Vela's estimates only)")
     parser.add_argument("--models", nargs="*", help="subset of models")
     parser.add_argument("--write-report", action="store_true")
     parser.add_argument("--isolation", action="store_true", help="measure the overhead of isolating Vela")
