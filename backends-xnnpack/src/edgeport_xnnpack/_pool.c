@@ -355,13 +355,15 @@ EXPORT size_t pthreadpool_get_threads_count(pool_t *p) { return p ? p->threads :
 
 EXPORT void pthreadpool_destroy(pool_t *p) {
     if (!p) return;
+    if (p->owner != getpid()) { /* a forked child: no workers, and the lock may be a copy held by a parent thread */
+        free(p);
+        return;
+    }
     pthread_mutex_lock(&p->call_lock); /* a running call finishes first */
     atomic_store(&p->shutdown, 1);
     atomic_fetch_add(&p->wake_seq, 1);
     futex_wake(&p->wake_seq, MAX_THREADS);
-    if (p->owner == getpid()) { /* in a forked child the workers do not exist */
-        for (size_t i = 1; i < p->threads; i++) pthread_join(p->workers[i].thread, NULL);
-    }
+    for (size_t i = 1; i < p->threads; i++) pthread_join(p->workers[i].thread, NULL);
     pthread_mutex_unlock(&p->call_lock);
     pthread_mutex_destroy(&p->call_lock);
     free(p);
