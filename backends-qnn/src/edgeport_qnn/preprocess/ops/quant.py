@@ -35,7 +35,8 @@ QUANT_OPS = {"aten.convolution.default", "aten.linear.default", "aten.add.Tensor
              "aten.cat.default", "aten.sigmoid.default", "aten.tanh.default", "aten.hardswish.default",
              "aten.gelu.default", "aten._softmax.default", "aten.native_layer_norm.default", "aten.bmm.default",
              "aten.mm.default", "aten.squeeze_copy.dims", "aten.unsqueeze_copy.default", "aten.clone.default",
-             "aten.select_copy.int", "aten.slice_copy.Tensor", "aten.expand_copy.default"}
+             "aten.select_copy.int", "aten.slice_copy.Tensor", "aten.expand_copy.default",
+             "aten.constant_pad_nd.default"}
 
 
 _CLAMPS = {"aten.relu.default", "aten.hardtanh.default"}

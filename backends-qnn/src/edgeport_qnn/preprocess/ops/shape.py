@@ -48,14 +48,25 @@ def slice_(lw: Lowering, node: torch.fx.Node) -> Val:
 
 
 def pad(lw: Lowering, node: torch.fx.Node) -> Val:
-    """constant_pad_nd (``Pad``, constant scheme); torch lists (before, after) pairs from the last dimension."""
-    v = lw.nchw(lw.value(node.args[0]))
+    """constant_pad_nd (``Pad``, constant scheme); torch lists (before, after) pairs from the last dimension.
+
+    A 4-D value is padded in NHWC (convolutions, its usual users, read NHWC). Measured on the HTP emulator's SoC
+    device (quantized graphs): a ``Pad`` at the end of the innermost dimension of an NCHW tensor (torch's
+    ``pad(x, (0, 1, 0, 1))`` before a stride-2 convolution, as MobileNetV2's "same" padding does) writes garbage
+    into that padding (up to 250 output steps) when a ``Transpose`` + convolution follows it, or between a
+    ``Dequantize`` and a ``Quantize``; padded in NHWC, where W is not innermost, it is right."""
+    v = lw.value(node.args[0])
+    v = lw.nhwc(v) if len(v.shape) == 4 else lw.nchw(v)
     flat = [int(p) for p in node.args[1]]
     amounts = np.zeros((len(v.shape), 2), np.uint32)
     for i in range(len(flat) // 2):
         amounts[len(v.shape) - 1 - i] = flat[2 * i:2 * i + 2]
-    return lw.node("Pad", [v.name], static_shape(node), {"pad_amount": amounts, "scheme": 0,
-                                                         "pad_constant_value": float(arg(node, 2, "value", 0.0))})
+    out = static_shape(node)
+    params = {"scheme": 0, "pad_constant_value": float(arg(node, 2, "value", 0.0))}
+    if v.nhwc:
+        return lw.node("Pad", [v.name], tuple(out[i] for i in NCHW_TO_NHWC),
+                       {"pad_amount": amounts[list(NCHW_TO_NHWC)], **params}, nhwc=True)
+    return lw.node("Pad", [v.name], out, {"pad_amount": amounts, **params})
 
 
 def cat(lw: Lowering, node: torch.fx.Node) -> Val:
