@@ -48,7 +48,7 @@
 #define FLAG_YIELD_WORKERS 0x2u
 #define POOL_SPIN_NS 50000LL       /* a worker's spin after a job before it parks */
 #define WAIT_SPIN_NS 20000LL       /* the caller's spin for joined workers before it sleeps */
-#define LATE_NS 500000LL           /* a wait this much longer than the chunks take: a worker was preempted */
+#define LATE_NS 200000LL           /* a wait this much longer than the chunks take: a worker was preempted */
 #define BACKOFF_MIN_NS 20000000LL  /* solo period after the first late wait */
 #define BACKOFF_MAX_NS 1280000000LL
 #define OPEN_BIT (1ull << 31)
