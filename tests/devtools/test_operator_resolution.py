@@ -101,6 +101,14 @@ def _events(etdump, etrecord, inspector: str) -> list:
     return [e for block in found.event_blocks for e in block.events]
 
 
+#: events no ETRecord maps to a node: loading and the method as a whole
+UNMAPPED = {"Program::load_method", "Method::init", "Method::execute"}
+
+
+def _unnamed(events: list) -> set[str]:
+    return {e.name for e in events if not e.op_types}
+
+
 def _share(events: list) -> float:
     assert events
     return sum(1 for e in events if e.op_types) / len(events)
@@ -120,9 +128,9 @@ def test_executorchs_inspector_names_at_least_executorchs_share_on_edgeports_pro
     theirs = _share(_events(flows["executorch"]["stock"], flows["executorch"]["etrecord"], "executorch"))
     ours = _events(flows["edgeport"]["stock"], flows["edgeport"]["etrecord"], "executorch")
     assert _share(ours) >= theirs, f"{name}: {_share(ours):.2f} < ExecuTorch's own flow {theirs:.2f}"
-    # every per-operator event of the XNNPACK delegate names its operator
-    sub = [e for e in ours if e.delegate_debug_identifier is not None]
-    assert sub and all(e.op_types for e in sub), [e.name for e in sub if not e.op_types]
+    # every event but loading and the whole method names its operator: each XNNPACK operator event too
+    assert any(e.delegate_debug_identifier is not None for e in ours)
+    assert _unnamed(ours) <= UNMAPPED, _unnamed(ours) - UNMAPPED
 
 
 def test_edgeports_inspector_names_as_many_as_executorchs(profiled):
@@ -149,9 +157,8 @@ def test_edgeports_runtime_profile_names_every_step(profiled):
     method.execute(d["args"])
     program.write_etdump_result_to_file(tmp / "edgeport.etdp")
     events = _events(tmp / "edgeport.etdp", d["etrecord"], "edgeport")
-    steps = [e for e in events if e.delegate_debug_identifier is not None]
-    assert steps and all(e.op_types for e in steps), name
-    assert _share(events) >= _share(_events(d["stock"], d["etrecord"], "executorch")) - 0.05
+    assert any(e.delegate_debug_identifier is not None for e in events), name
+    assert _unnamed(events) <= UNMAPPED, _unnamed(events) - UNMAPPED
 
 
 def test_an_etrecord_file_keeps_the_handle_of_a_multi_output_node(tmp_path):

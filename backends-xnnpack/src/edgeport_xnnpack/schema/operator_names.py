@@ -1,6 +1,6 @@
 """The profiling events ExecuTorch's XNNPACK delegate reports for a blob, predicted from the blob alone.
 
-ExecuTorch's runtime (1.5.1, its XNNPACK of 2025) profiles a delegate call as one event per XNNPACK operator,
+ExecuTorch's runtime (1.5.1 and the XNNPACK it ships) profiles a delegate call as one event per XNNPACK operator,
 in the order of the blob's nodes; each event's delegate debug id is the operator's name (XNNPACK's operator
 type and micro-kernel, e.g. ``"Fully Connected (NC, F32) GEMM"``) followed by ``" #k"``, ``k`` counting that
 name from 1 within the delegate. A node XNNPACK fuses into its producer or consumer (a clamp into the operator
@@ -8,10 +8,11 @@ before it, a spatial zero padding into the convolution after it) has no operator
 
 :func:`stock_event_ids` gives, for each node of a graph, the event ids it may be reported under (several when
 the name depends on the CPU: dynamically quantized operators run as ``QDU8`` on x86 CPUs with VNNI and as
-``QD8`` elsewhere) and, for a fused node, the node whose event carries it. The names were read off ExecuTorch
-1.5.1's runtime profiling edgeport's programs (``tests/devtools/test_operator_resolution.py`` checks that every
-event it reports is predicted); an XNNPACK with other names makes events unresolved, never misattributed to
-other nodes of the same name (names are counted per name).
+``QD8`` elsewhere) and, for a fused node, the node whose event carries it. The names and fusions were read off
+ExecuTorch 1.5.1's runtime profiling edgeport's programs (``backends-xnnpack/tests/test_debug_handles.py``
+checks, per delegate call, that its events are the predicted ones in order). An XNNPACK that names an operator
+otherwise leaves that operator's events unresolved; one that fuses a node this module does not expect shifts
+the count of that name, and the events of that name after it are attributed to the wrong nodes.
 
 Torch-free: the preprocess step writes the delegate map from it; executors may name their own events with it.
 """
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from edgeport_xnnpack.schema.graph import (
     FP16,
     FP32,
-    INVALID_ID,
     QBINT4,
     QCINT8,
     QDINT8,
@@ -34,7 +34,7 @@ from edgeport_xnnpack.schema.graph import (
     XNode,
 )
 
-__all__ = ["StockEvents", "stock_event_ids"]
+__all__ = ["StockEvents", "node_event_ids", "stock_event_ids"]
 
 _UNARY = {
     "XNNSigmoid": "Sigmoid", "XNNFloor": "Floor", "XNNSquareRoot": "Square Root", "XNNCeiling": "Ceiling",
@@ -85,7 +85,7 @@ def _name(node: XNode, values: dict[int, TensorValue]) -> tuple[str, ...]:
     if kind in _UNARY:
         return (f"{_UNARY[kind]} (NC)",)
     if kind in _BINARY:
-        return (f"{_BINARY[kind]} (ND)",)  # output bounds: a clamp operator after it (see _events)
+        return (f"{_BINARY[kind]} (ND)",)  # with output bounds, a clamp operator follows (stock_event_ids)
     if kind == "XNNFullyConnected":
         return _fully_connected(dt("input1_id"), values.get(node.get("filter_id")))
     if kind in ("XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d"):
@@ -125,7 +125,7 @@ def _name(node: XNode, values: dict[int, TensorValue]) -> tuple[str, ...]:
 def _fully_connected(src: int, filt: TensorValue | None) -> tuple[str, ...]:
     if filt is None:
         return ()
-    static = filt.constant_buffer_idx != 0 or filt.external_id == INVALID_ID and filt.flags == 0
+    static = filt.constant_buffer_idx != 0  # a filter computed at run time: XNNPACK's dynamic fully connected
     w = filt.datatype
     if src == QDINT8:
         kind = {QCINT8: "QC8W", QBINT4: "QB4W"}.get(w, "QC8W")

@@ -27,6 +27,8 @@ from edgeport.errors import EdgeportError
 from edgeport.program import schema as S
 
 _SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+#: events of loading or running the method as a whole: they carry no instruction's operators
+_WHOLE_METHOD = ("Method::init", "Program::load_method", "Method::execute")
 
 
 class InspectorError(EdgeportError):
@@ -245,7 +247,7 @@ class Inspector:
         if ident is None:
             if name == "DELEGATE_CALL" and meta is not None:
                 event.delegate_backend_name = meta.get("name")
-            handles = handle_map.get(str(instr)) if name not in ("Method::init", "Program::load_method") else None
+            handles = handle_map.get(str(instr)) if name not in _WHOLE_METHOD else None
         else:
             event.is_delegated_op = True
             event.delegate_backend_name = meta.get("name") if meta else None
