@@ -150,6 +150,10 @@ def export_decoder(model: Any, *, max_seq_len: int = 128, max_context_len: int |
     model.generation_config.cache_implementation = "static"
     _stage(progress, "quantize" if quantize or quantize_embedding else "prepare")
     _quantize(model, quantize, quantize_embedding, group_size)
+    if quantize_embedding is not None:
+        from edgeport.llm.embedding import gather_quantized_embeddings
+
+        gather_quantized_embeddings(model)  # dequantize the rows a call reads, not the whole table
     wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=context)
     dynamic = max_seq_len > 1
     example = min(max_seq_len, 4) if dynamic else 1
