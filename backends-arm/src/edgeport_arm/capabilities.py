@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import partial
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.constraints import (
+    adaptive_avg_pool_1x1,
+    alpha_one,
+    avg_pool2d,
+    conv2d,
+    first_problem,
+    max_pool2d,
+    non_negative_padding,
+    static_shapes,
+    unit_step,
+)
 from edgeport.node_helpers import int_pair as _pair
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
-from edgeport.node_helpers import node_value as _val
 
 _F = ("float32",)
 _FI = ("float32", "int8", "int16")
@@ -29,61 +40,13 @@ _QUANT_IO = ("float32", "int8", "int16", "float64", "int32", "int64")
 MAX_DIM = 65535
 
 
-def _static(node: Any) -> str | None:
-    for n in [node, *getattr(node, "all_input_nodes", [])]:
-        if _val(n) is not None and hasattr(_val(n), "shape") and shape_of(n) is None:
-            return f"dynamic shape on {getattr(n, 'name', n)}: TOSA graphs here are static (export without Dim)"
-    return None
-
-
-def _conv(node: Any) -> str | None:
-    w, x = shape_of(node.args[1]), shape_of(node.args[0])
-    if w is None or x is None or len(w) != 4:
-        return "only 2-D convolutions with static shapes"
-    if arg(node, 6, "transposed", False):
-        return "transposed convolution is not lowered"
-    groups = int(arg(node, 8, "groups", 1))
-    if groups != 1 and not (groups == x[1] and w[1] == 1):
-        return f"grouped convolution (groups={groups}) is neither regular nor depthwise"
-    return _static(node)
-
-
-def _max_pool(node: Any) -> str | None:
-    if _pair(arg(node, 4, "dilation", 1)) != [1, 1]:
-        return "dilated max pooling"
-    if arg(node, 5, "ceil_mode", False):
-        return "ceil_mode=True"
-    if str(getattr(node.target, "__name__", "")).startswith("max_pool2d_with_indices") or "indices" in str(
-            node.target):
-        if any(u.args[1] != 0 for u in node.users):
-            return "the indices output of max_pool2d_with_indices is used"
-    return _static(node)
-
-
-def _avg_pool(node: Any) -> str | None:
-    if arg(node, 4, "ceil_mode", False):
-        return "ceil_mode=True"
-    if arg(node, 6, "divisor_override") is not None:
-        return "divisor_override is set"
-    if any(_pair(arg(node, 3, "padding", 0))) and arg(node, 5, "count_include_pad", True):
-        return "padding counted in the average (count_include_pad=True); TOSA averages only the valid elements"
-    return _static(node)
-
-
-def _adaptive(node: Any) -> str | None:
-    return None if list(node.args[1]) == [1, 1] else "adaptive average pooling to a size other than 1x1"
-
-
-def _alpha(node: Any) -> str | None:
-    return "alpha != 1" if arg(node, 2, "alpha", 1) != 1 else _static(node)
-
-
-def _slice(node: Any) -> str | None:
-    return "step != 1" if int(arg(node, 4, "step", 1)) != 1 else _static(node)
-
-
-def _pad(node: Any) -> str | None:
-    return "negative padding" if any(int(p) < 0 for p in node.args[1]) else _static(node)
+_static = static_shapes("TOSA graphs here are static (export without Dim)")
+_conv = first_problem(conv2d, _static)
+_max_pool = first_problem(max_pool2d, _static)
+_avg_pool = first_problem(partial(avg_pool2d, count_include_pad=False), _static)
+_alpha = first_problem(alpha_one, _static)
+_slice = first_problem(unit_step, _static)
+_pad = first_problem(non_negative_padding, _static)
 
 
 def _sum(node: Any) -> str | None:
@@ -97,13 +60,6 @@ def _per_tensor_int8(node: Any) -> str | None:
     if len(args) < 6 or not all(isinstance(a, (int, float)) for a in args[1:5]):
         return "quantization parameters must be constants of the node (quantize_per_tensor.default)"
     return None
-
-
-def _rank(limit: int) -> Any:
-    def check(node: Any) -> str | None:
-        s = shape_of(node)
-        return f"rank {len(s)} > {limit}" if s is not None and len(s) > limit else _static(node)
-    return check
 
 
 _TABLE = (
@@ -140,7 +96,7 @@ _TABLE = (
     OpCapability("aten.max_pool2d.default", _F, _max_pool, "MAX_POOL2D"),
     OpCapability("aten.max_pool2d_with_indices.default", _F, _max_pool, "MAX_POOL2D (values only)"),
     OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "AVG_POOL2D"),
-    OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "AVG_POOL2D over H, W"),
+    OpCapability("aten._adaptive_avg_pool2d.default", _F, adaptive_avg_pool_1x1, "AVG_POOL2D over H, W"),
     OpCapability("aten.mean.dim", _F, _static, "AVG_POOL2D (H, W) or REDUCE_SUM x 1/N"),
     OpCapability("aten._softmax.default", _F, _static,
                  "REDUCE_MAX, EXP, REDUCE_SUM, RECIPROCAL (int8: the quantizer decomposes it into the ops of this table)"),

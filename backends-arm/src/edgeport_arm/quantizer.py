@@ -17,11 +17,9 @@ outputs of a BatchNorm-folded convolution, which a deep CNN amplifies; a16w8 kee
 int48 by the lowering); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
 is fused (only its output is quantized). Max pooling, reshapes, permutes and padding share their input's
 parameters, and so does ``amax``. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` / ``exp`` / ``reciprocal`` /
-``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do ``mean`` and ``sum`` (an
-int32 sum rescaled once) and average pooling over an even number of elements: on the input's own scale such an
-average has exact .5 ties, which integer hardware rounds up where torch rounds to even. Average pooling over an
-odd number of elements (at most 255, no padding) shares its input's parameters: it can have no tie, so TOSA's
-AVG_POOL2D rounds it as torch does and no RESCALE follows it (ExecuTorch's choice, and Vela's cycles). Softmax, layer norm and unmasked attention are decomposed
+``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do average pooling, ``mean``
+and ``sum`` (an int32 sum rescaled once: on the input's own scale exact .5 ties are frequent, and integer
+hardware rounds them up where torch rounds to even). Softmax, layer norm and unmasked attention are decomposed
 into those primitives before annotation (:mod:`edgeport_arm.decompose`); what has no int8 lowering stays float,
 and ``EthosUPartitioner`` then names it unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen
 nodes in float.
@@ -34,29 +32,19 @@ every Ethos-U target). Lowered in int16 so far: convolution, linear, add/sub, re
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
-from torchao.quantization.pt2e.quantizer import (
-    DerivedQuantizationSpec,
-    QuantizationAnnotation,
-    QuantizationSpec,
-    QuantizationSpecBase,
-    Quantizer,
-    SharedQuantizationSpec,
-)
+from torchao.quantization.pt2e.quantizer import QuantizationSpec, QuantizationSpecBase
 
+from edgeport.aot import quantizer_base as qb
+from edgeport.node_helpers import node_arg as _arg
 from edgeport_arm.decompose import decompose_for_annotation
 from edgeport_arm.options import EthosUCompileSpec, TosaCompileSpec
 
 __all__ = ["EthosUQuantizer", "TOSAQuantizer"]
 
-_KEY = "quantization_annotation"
-_EPS = 2.0**-12
 _aten = torch.ops.aten
 _GEMM = {_aten.conv2d.default, _aten.linear.default}
 _BINARY = {_aten.add.Tensor, _aten.add_.Tensor, _aten.sub.Tensor, _aten.sub_.Tensor, _aten.mul.Tensor,
@@ -67,11 +55,8 @@ _CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _ate
 _TABLES = {_aten.sigmoid.default, _aten.tanh.default, _aten.hardswish.default, _aten.hardswish_.default,
            _aten.gelu.default, _aten.exp.default, _aten.reciprocal.default, _aten.rsqrt.default}
 # averages get their own output parameters: on the input's scale, exact .5 ties are frequent and integer
-# hardware rounds them differently from torch -- except pools over an odd count (_tie_free_pool)
+# hardware rounds them differently from torch
 _AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sum.dim_IntList}
-# a tie-free pool's count: above it, float32 error in the pt2e model's sum could cross a rounding boundary
-# (nearest one 1 / (2 * count) away; worst-case float32 error of a count-term int8 sum ~ count * 128 * 2**-24)
-_TIE_FREE_MAX_COUNT = 255
 _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
            _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
            _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
@@ -79,68 +64,21 @@ _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, 
            _aten.select.int, _aten.unflatten.int, _aten.amax.default}
 
 
-def _is_float(a: Any) -> bool:
-    val = a.meta.get("val") if isinstance(a, Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+def _fusable(node: Node) -> bool:
+    return node.target in _CLAMPS
 
 
-def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
-    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
-
-
-def _pair(v: Any) -> list[int]:
-    return [int(v)] * 2 if isinstance(v, int) else [int(e) for e in v] * (2 if len(v) == 1 else 1)
-
-
-def _tie_free_pool(node: Node) -> bool:
-    """An average whose every output is over the same odd count of elements (at most _TIE_FREE_MAX_COUNT): its
-    sum over that count can never be an exact .5 away from an integer, so it may share its input's parameters."""
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], Node) else None
-    if not isinstance(val, torch.Tensor) or val.dim() != 4 or not all(isinstance(d, int) for d in val.shape):
-        return False
-    if node.target == _aten.mean.dim:
-        dims = _arg(node, 1, "dim")
-        if dims is None or sorted(int(d) % 4 for d in dims) != [2, 3]:
-            return False
-        count = val.shape[2] * val.shape[3]
-    elif node.target == _aten.adaptive_avg_pool2d.default:
-        if _pair(node.args[1]) != [1, 1]:
-            return False
-        count = val.shape[2] * val.shape[3]
-    elif node.target == _aten.avg_pool2d.default:
-        if (any(_pair(_arg(node, 3, "padding", 0))) or _arg(node, 4, "ceil_mode", False)
-                or _arg(node, 6, "divisor_override") is not None):
-            return False
-        kh, kw = _pair(node.args[1])
-        count = kh * kw
-    else:
-        return False
-    return count % 2 == 1 and count <= _TIE_FREE_MAX_COUNT
-
-
-def _bias_qparams(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 bias parameters derived from the input's and the weights' observers: ``input_scale * weight_scale``
-    per output channel, zero point 0 (what the integer convolution adds to its int32 accumulator)."""
-    act_scale, _ = observers[0].calculate_qparams()
-    weight_scale, _ = observers[1].calculate_qparams()
-    scale = (act_scale.to(torch.float64) * weight_scale.to(torch.float64)).to(torch.float32).reshape(-1)
-    return scale, torch.zeros_like(scale, dtype=torch.int32)
-
-
-class _ArmQuantizer(Quantizer):
+class _ArmQuantizer(qb.BackendQuantizer):
     def __init__(self, compile_spec: TosaCompileSpec | EthosUCompileSpec | None, *, observer: str,
                  node_filter: Callable[[Node], bool] | None, a16w8: bool = False) -> None:
-        super().__init__()
+        super().__init__(node_filter=node_filter)
         spec = compile_spec.specification if compile_spec is not None else None
         if spec is not None and not spec.is_int:
             raise ValueError(f"{type(self).__name__}: {compile_spec!r} has no integer profile; quantized graphs "
                              "need 'TOSA-1.0+INT'")
-        observers = {"histogram": HistogramObserver, "minmax": MinMaxObserver}
-        if observer not in observers:
-            raise ValueError(f"{type(self).__name__}: observer must be one of {sorted(observers)}, got {observer!r}")
+        observer_cls = qb.observer_class(observer, type(self).__name__)
         self.compile_spec = compile_spec
         self.observer = observer
-        self.node_filter = node_filter
         if a16w8 and spec is not None and "int16" not in spec.extensions:
             raise ValueError(f"{type(self).__name__}: a16w8 needs a target with TOSA's int16 extension, e.g. "
                              f"TosaCompileSpec('TOSA-1.0+INT+int16'); {compile_spec!r} has none")
@@ -148,14 +86,10 @@ class _ArmQuantizer(Quantizer):
         if a16w8:  # ExecuTorch's get_symmetric_a16w8_quantization_config: int16 symmetric activations
             self.act = QuantizationSpec(dtype=torch.int16, quant_min=-32767, quant_max=32767,
                                         qscheme=torch.per_tensor_symmetric,
-                                        observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS))
+                                        observer_or_fake_quant_ctr=observer_cls.with_args(eps=qb.MIN_SCALE))
         else:
-            self.act = QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127,
-                                        qscheme=torch.per_tensor_affine,
-                                        observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS))
-        self.weight = QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127,
-                                       qscheme=torch.per_channel_symmetric, ch_axis=0,
-                                       observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
+            self.act = qb.int8_activation_spec(observer)
+        self.weight = qb.symmetric_weight_spec()
 
     def __repr__(self) -> str:
         extra = ", a16w8=True" if self.a16w8 else ""
@@ -166,81 +100,39 @@ class _ArmQuantizer(Quantizer):
         (:func:`~edgeport_arm.decompose.decompose_for_annotation`)."""
         return decompose_for_annotation(model)
 
-    def validate(self, model: GraphModule) -> None:
-        """Nothing to check beyond what :meth:`annotate` enforces while annotating."""
-
     def annotate(self, model: GraphModule) -> GraphModule:
-        for node in list(model.graph.nodes):
-            if node.op != "call_function" or self._done(node) or not self._wanted(node):
-                continue
+        for node in self.candidates(model):
             t = node.target
             if t in _GEMM:
                 self._gemm(node)
-            elif t in _BINARY and not isinstance(node.args[1], Node) and _is_float(node.args[0]):
+            elif t in _BINARY and not isinstance(node.args[1], Node):
                 if isinstance(node.args[1], (int, float)):  # by / plus a constant: own output parameters
-                    self._mark(node, {node.args[0]: self.act}, self.act)
+                    self.annotate_own(node, self.act)
             elif t in _BINARY or t in _MATMUL:
-                self._binary(node)
+                if _arg(node, 2, "alpha", 1) == 1:
+                    self.annotate_binary(node, self.act, _fusable)
             elif t in _TABLES or t in _AVERAGES:
-                x = node.args[0]
-                if _is_float(x):
-                    shared = not self.a16w8 and _tie_free_pool(node)
-                    self._mark(node, {x: self.act}, SharedQuantizationSpec((x, node)) if shared else self.act)
+                self.annotate_own(node, self.act)
             elif t is _aten.cat.default:
-                tensors = [a for a in node.args[0] if _is_float(a)]
+                tensors = [a for a in node.args[0] if qb.is_float_tensor(a)]
                 if tensors and len(tensors) == len(node.args[0]):
-                    self._mark(node, {a: self.act for a in tensors}, self.act)
+                    self.mark(node, {a: self.act for a in tensors}, self.act)
             elif t in _SHARED or t in _CLAMPS:
-                x = node.args[0]
-                if _is_float(x) and t is not operator.getitem:
-                    self._mark(node, {x: self.act}, SharedQuantizationSpec((x, node)))
+                self.annotate_shared(node, self.act)
         return model
-
-    def _wanted(self, node: Node) -> bool:
-        return self.node_filter is None or bool(self.node_filter(node))
-
-    @staticmethod
-    def _done(node: Node) -> bool:
-        ann = node.meta.get(_KEY)
-        return ann is not None and ann._annotated
-
-    @staticmethod
-    def _mark(node: Node, inputs: dict[Node, QuantizationSpecBase | None], output: QuantizationSpecBase | None) -> None:
-        node.meta[_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
-
-    def _output(self, node: Node) -> None:
-        """Quantize ``node``'s output, or that of a clamp that is its only user (fused)."""
-        users = list(node.users)
-        if (len(users) == 1 and users[0].op == "call_function" and users[0].target in _CLAMPS
-                and users[0].args[0] is node and not self._done(users[0]) and self._wanted(users[0])):
-            self._mark(users[0], {}, self.act)
-        else:
-            node.meta[_KEY].output_qspec = self.act
 
     def _gemm(self, node: Node) -> None:
         x, w = node.args[0], node.args[1]
         bias = _arg(node, 2, "bias")
-        if not (_is_float(x) and isinstance(w, Node) and w.op == "get_attr"):
+        if not (qb.is_float_tensor(x) and qb.is_constant(w)):
             return
-        if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
+        if bias is not None and not qb.is_constant(bias):
             return
         inputs: dict[Node, QuantizationSpecBase | None] = {x: self.act, w: self.weight}
         if bias is not None and not self.a16w8:
-            inputs[bias] = DerivedQuantizationSpec(
-                derived_from=[(x, node), (w, node)], derive_qparams_fn=_bias_qparams, dtype=torch.int32,
-                quant_min=-(2**31) + 1, quant_max=2**31 - 1, qscheme=torch.per_channel_symmetric, ch_axis=0)
-        self._mark(node, inputs, None)
-        self._output(node)
-
-    def _binary(self, node: Node) -> None:
-        a, b = node.args[0], node.args[1]
-        if not (_is_float(a) and _is_float(b)) or _arg(node, 2, "alpha", 1) != 1:
-            return
-        inputs: dict[Node, QuantizationSpecBase | None] = {a: self.act}
-        if b is not a:
-            inputs[b] = self.act
-        self._mark(node, inputs, None)
-        self._output(node)
+            inputs[bias] = qb.int32_bias_spec(x, w, node)
+        self.mark(node, inputs)
+        self.quantize_output(node, self.act, _fusable)
 
 
 class TOSAQuantizer(_ArmQuantizer):
