@@ -10,70 +10,32 @@ from __future__ import annotations
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
-from edgeport.node_helpers import int_pair as _pair
+from edgeport.constraints import (
+    adaptive_avg_pool_1x1,
+    alpha_one,
+    avg_pool2d,
+    conv2d,
+    first_output_only,
+    first_problem,
+    gelu_erf_or_tanh,
+    max_pool2d,
+    max_rank,
+    no_half_to_float,
+    non_negative_padding,
+    positive_step,
+    static_shapes,
+)
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 
 _F = ("float32",)
 
 
-def _static(node: Any) -> str | None:
-    for n in [node, *getattr(node, "all_input_nodes", [])]:
-        val = getattr(n, "meta", {}).get("val")
-        if hasattr(val, "shape") and shape_of(n) is None:
-            return f"dynamic shape on {getattr(n, 'name', n)}: QNN graphs here are static (export without Dim)"
-    return None
-
-
-def _alpha(node: Any) -> str | None:
-    return "alpha != 1" if arg(node, 2, "alpha", 1) != 1 else _static(node)
-
-
-def _conv(node: Any) -> str | None:
-    w, x = shape_of(node.args[1]), shape_of(node.args[0])
-    if w is None or x is None or len(w) != 4:
-        return "only 2-D convolutions with static shapes"
-    if arg(node, 6, "transposed", False):
-        return "transposed convolution is not lowered"
-    groups = int(arg(node, 8, "groups", 1))
-    if groups != 1 and not (groups == x[1] and w[1] == 1):
-        return f"grouped convolution (groups={groups}) that is not depthwise is not lowered"
-    return _static(node)
-
-
-def _only_first_output(node: Any) -> str | None:
-    for u in getattr(node, "users", ()):
-        if getattr(getattr(u, "target", None), "__name__", "") == "getitem" and u.args[1] != 0:
-            return f"output {u.args[1]} (not the normalized tensor) is used"
-    return None
-
-
-def _max_pool(node: Any) -> str | None:
-    if _pair(arg(node, 4, "dilation", 1)) != [1, 1]:
-        return "dilated max pooling"
-    if arg(node, 5, "ceil_mode", False):
-        return "ceil_mode=True"
-    if "with_indices" in str(node.target):
-        if _only_first_output(node):
-            return "the indices of max_pool2d_with_indices are used"
-    return _static(node)
-
-
-def _avg_pool(node: Any) -> str | None:
-    if arg(node, 4, "ceil_mode", False):
-        return "ceil_mode=True"
-    if arg(node, 6, "divisor_override") is not None:
-        return "divisor_override is set"
-    return _static(node)
-
-
-def _adaptive(node: Any) -> str | None:
-    return None if [int(s) for s in node.args[1]] == [1, 1] else "adaptive average pooling to a size other than 1x1"
-
-
-def _gelu(node: Any) -> str | None:
-    approximate = arg(node, 1, "approximate", "none")
-    return None if approximate in ("none", "tanh") else f"gelu approximate={approximate!r}"
+_static = static_shapes("QNN graphs here are static (export without Dim)")
+_alpha = first_problem(alpha_one, _static)
+_conv = first_problem(conv2d, _static)
+_max_pool = first_problem(max_pool2d, _static)
+_avg_pool = first_problem(avg_pool2d, _static)
 
 
 def _expand(node: Any) -> str | None:
@@ -81,28 +43,19 @@ def _expand(node: Any) -> str | None:
     return None if src is not None and src == out else "expand that changes the shape"
 
 
-def _softmax(node: Any) -> str | None:
-    return "half_to_float=True" if arg(node, 2, "half_to_float", False) else _static(node)
-
-
-def _layer_norm(node: Any) -> str | None:
-    return _only_first_output(node) or _static(node)
+_softmax = first_problem(no_half_to_float, _static)
+_layer_norm = first_problem(first_output_only, _static)
 
 
 def _batch_norm(node: Any) -> str | None:
     s = shape_of(node.args[0])
     if s is None or len(s) != 4:
         return "batch norm of a non-4-D input"
-    return _only_first_output(node)
+    return first_output_only(node)
 
 
-def _rank(node: Any) -> str | None:
-    for n in (node, node.args[0]):
-        s = shape_of(n)
-        if s is not None and len(s) > 4:
-            # a 5-D Reshape/Transpose validates on its own but can fail when the HTP prepares a larger graph
-            return f"rank {len(s)} > 4 ({getattr(n, 'name', n)})"
-    return _static(node)
+# a 5-D Reshape/Transpose validates on its own but can fail when the HTP prepares a larger graph
+_rank = first_problem(max_rank(4), _static)
 
 
 def _leaky(node: Any) -> str | None:
@@ -110,14 +63,8 @@ def _leaky(node: Any) -> str | None:
     return None if 0.0 <= slope <= 1.0 else f"negative_slope {slope} outside [0, 1]"
 
 
-def _pad(node: Any) -> str | None:
-    if any(int(p) < 0 for p in node.args[1]):
-        return "negative padding"
-    return _rank(node)
-
-
-def _slice(node: Any) -> str | None:
-    return "step < 1" if int(arg(node, 4, "step", 1)) < 1 else _rank(node)
+_pad = first_problem(non_negative_padding, _rank)
+_slice = first_problem(positive_step, _rank)
 
 
 _TABLE = (
@@ -143,7 +90,7 @@ _TABLE = (
     OpCapability("aten.sigmoid.default", _F, _static, "Sigmoid"),
     OpCapability("aten.tanh.default", _F, _static, "Tanh"),
     OpCapability("aten.hardswish.default", _F, _static, "HardSwish (kept whole)"),
-    OpCapability("aten.gelu.default", _F, _gelu, "from fp32 elementwise ops (erf: A&S 7.1.26; tanh form: Tanh), kept whole"),
+    OpCapability("aten.gelu.default", _F, gelu_erf_or_tanh, "from fp32 elementwise ops (erf: A&S 7.1.26; tanh form: Tanh), kept whole"),
     OpCapability("aten.linear.default", _F, _static, "FullyConnected (kept whole); constant weights"),
     OpCapability("aten.mm.default", _F, _static, "MatMul"),
     OpCapability("aten.bmm.default", _F, _static, "MatMul (batched)"),
@@ -151,7 +98,7 @@ _TABLE = (
     OpCapability("aten.max_pool2d.default", _F, _max_pool, "PoolMax2d (kept whole)"),
     OpCapability("aten.max_pool2d_with_indices.default", _F, _max_pool, "PoolMax2d; indices unused"),
     OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "PoolAvg2d"),
-    OpCapability("aten._adaptive_avg_pool2d.default", _F, _adaptive, "ReduceMean over H, W; 1x1 only"),
+    OpCapability("aten._adaptive_avg_pool2d.default", _F, adaptive_avg_pool_1x1, "ReduceMean over H, W; 1x1 only"),
     OpCapability("aten.mean.dim", _F, _static, "ReduceMean"),
     OpCapability("aten._softmax.default", _F, _softmax, "Softmax (other axes: Transpose around it)"),
     OpCapability("aten._log_softmax.default", _F, _softmax, "LogSoftmax (other axes: Transpose around it)"),

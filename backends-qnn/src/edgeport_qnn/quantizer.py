@@ -28,14 +28,10 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
-from torchao.quantization.pt2e.quantizer import (
-    QuantizationAnnotation,
-    QuantizationSpec,
-    QuantizationSpecBase,
-    Quantizer,
-    SharedQuantizationSpec,
-)
+from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+from edgeport.aot.quantizer_base import MIN_SCALE, BackendQuantizer, is_float_tensor, symmetric_weight_spec
 
 __all__ = ["QnnQuantizer", "QuantDtype"]
 
@@ -48,8 +44,7 @@ class QuantDtype(enum.IntEnum):
     use_8a8w = 4
 
 
-_KEY = "quantization_annotation"
-_EPS = 2.0**-12
+_EPS = MIN_SCALE
 _EPS16 = 2.0**-24  # smallest 16-bit activation scale (2**-12 would cap the resolution of small ranges)
 _aten = torch.ops.aten
 _GEMM = {_aten.conv2d.default, _aten.linear.default}
@@ -67,9 +62,8 @@ _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, 
            _aten.select.int}
 
 
-def _is_float(a: Any) -> bool:
-    val = a.meta.get("val") if isinstance(a, Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+def _fusable(node: Node) -> bool:
+    return node.target in _CLAMPS
 
 
 def _specs(quant_dtype: QuantDtype) -> tuple[QuantizationSpec, QuantizationSpec]:
@@ -80,20 +74,16 @@ def _specs(quant_dtype: QuantDtype) -> tuple[QuantizationSpec, QuantizationSpec]
     else:  # 16-bit activations in int32 (as ExecuTorch does: torch has no uint16 quantize kernels)
         act = QuantizationSpec(dtype=torch.int32, quant_min=0, quant_max=65535, qscheme=torch.per_tensor_affine,
                                observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=_EPS16))
-    wdtype, wmax = (torch.int16, 32767) if quant_dtype == QuantDtype.use_16a16w else (torch.int8, 127)
-    weight = QuantizationSpec(dtype=wdtype, quant_min=-wmax, quant_max=wmax, qscheme=torch.per_channel_symmetric,
-                              ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
-    return act, weight
+    return act, symmetric_weight_spec(torch.int16 if quant_dtype == QuantDtype.use_16a16w else torch.int8)
 
 
-class QnnQuantizer(Quantizer):
+class QnnQuantizer(BackendQuantizer):
     """Quantization for ``QnnBackend``; ``quant_dtype`` (default ``QuantDtype.use_8a8w``), ``node_filter(node) ->
     bool`` leaves chosen nodes in float."""
 
     def __init__(self, *, node_filter: Callable[[Node], bool] | None = None,
                  quant_dtype: QuantDtype = QuantDtype.use_8a8w) -> None:
-        super().__init__()
-        self.node_filter = node_filter
+        super().__init__(node_filter=node_filter)
         self.set_default_quant_config(quant_dtype)
 
     def set_default_quant_config(self, quant_dtype: QuantDtype, is_qat: bool = False,
@@ -119,50 +109,22 @@ class QnnQuantizer(Quantizer):
                                         quant_max=self.act.quant_max, qscheme=self.act.qscheme,
                                         observer_or_fake_quant_ctr=act_observer.with_args(eps=_EPS))
 
-    def validate(self, model: GraphModule) -> None:
-        """Nothing to check beyond what :meth:`annotate` enforces."""
-
     def annotate(self, model: GraphModule) -> GraphModule:
-        for node in list(model.graph.nodes):
-            if node.op != "call_function" or self._done(node) or not self._wanted(node):
-                continue
+        for node in self.candidates(model):
             t = node.target
             if t in _GEMM:
                 x, w = node.args[0], node.args[1]
-                if _is_float(x) and isinstance(w, Node) and w.op == "get_attr":
-                    self._mark(node, {x: self.act, w: self.weight}, None)
-                    self._output(node)
+                if is_float_tensor(x) and isinstance(w, Node) and w.op == "get_attr":
+                    self.mark(node, {x: self.act, w: self.weight})
+                    self.quantize_output(node, self.act, _fusable)
             elif t in _BINARY:
                 a, b = node.args[0], node.args[1]
-                if len(node.args) < 3 and _is_float(a) and (_is_float(b) or isinstance(b, (int, float))):
-                    self._mark(node, {x: self.act for x in (a, b) if isinstance(x, Node)}, None)
-                    self._output(node)
+                if len(node.args) < 3 and is_float_tensor(a) and (is_float_tensor(b) or isinstance(b, (int, float))):
+                    self.mark(node, {x: self.act for x in (a, b) if isinstance(x, Node)})
+                    self.quantize_output(node, self.act, _fusable if t in _FUSE_AFTER else None)
             elif t in _OWN:
-                if _is_float(node.args[0]) and not (t == _aten.tanh.default and self.quant_dtype != QuantDtype.use_8a8w):
-                    self._mark(node, {node.args[0]: self.act}, self.act)
+                if not (t == _aten.tanh.default and self.quant_dtype != QuantDtype.use_8a8w):
+                    self.annotate_own(node, self.act)
             elif t in _SHARED or t in _CLAMPS:
-                x = node.args[0]
-                if _is_float(x):
-                    self._mark(node, {x: self.act}, SharedQuantizationSpec((x, node)))
+                self.annotate_shared(node, self.act)
         return model
-
-    def _wanted(self, node: Node) -> bool:
-        return self.node_filter is None or bool(self.node_filter(node))
-
-    @staticmethod
-    def _done(node: Node) -> bool:
-        ann = node.meta.get(_KEY)
-        return ann is not None and ann._annotated
-
-    @staticmethod
-    def _mark(node: Node, inputs: dict[Node, QuantizationSpecBase | None], output: QuantizationSpecBase | None) -> None:
-        node.meta[_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
-
-    def _output(self, node: Node) -> None:
-        users = list(node.users)
-        if (node.target in _GEMM | _FUSE_AFTER and len(users) == 1 and users[0].op == "call_function"
-                and users[0].target in _CLAMPS and users[0].args[0] is node and not self._done(users[0])
-                and self._wanted(users[0])):
-            self._mark(users[0], {}, self.act)
-        else:
-            node.meta[_KEY].output_qspec = self.act
