@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
+from edgeport.constraints import alpha_one, first_output_only, first_problem, max_rank, no_half_to_float
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value
@@ -30,16 +31,11 @@ _B = ("bool",)
 _MAX_RANK = 5
 
 
-def _rank(node: Any) -> str | None:
-    for n in [node, *getattr(node, "all_input_nodes", [])]:
-        s = shape_of(n)
-        if s is not None and len(s) > _MAX_RANK:
-            return f"rank {len(s)} > {_MAX_RANK} (Core ML tensors have rank 5 at most)"
-    return None
+_rank = max_rank(_MAX_RANK, "Core ML tensors have rank 5 at most")
 
 
 def _alpha(node: Any) -> str | None:
-    return "alpha != 1 (coremltools has no scaled add/sub)" if arg(node, 2, "alpha", 1) != 1 else _rank(node)
+    return "alpha != 1 (coremltools has no scaled add/sub)" if alpha_one(node) else _rank(node)
 
 
 def _float_input(node: Any) -> str | None:
@@ -50,11 +46,7 @@ def _float_input(node: Any) -> str | None:
     return _values_only(node)
 
 
-def _values_only(node: Any) -> str | None:
-    used = sorted({int(u.args[1]) for u in getattr(node, "users", {}) if len(getattr(u, "args", ())) > 1})
-    if any(i != 0 for i in used):
-        return f"outputs {used} are used; only the first (the values) converts"
-    return _rank(node)
+_values_only = first_problem(first_output_only, _rank)
 
 
 _Q_TENSOR = "quantized_decomposed.quantize_per_tensor.default"
@@ -116,8 +108,7 @@ def _index_put(node: Any) -> str | None:
     return _rank(node)
 
 
-def _softmax(node: Any) -> str | None:
-    return "half_to_float=True" if arg(node, 2, "half_to_float", False) else _rank(node)
+_softmax = first_problem(no_half_to_float, _rank)
 
 
 _TABLE = (

@@ -33,17 +33,13 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e import MinMaxObserver, PerChannelMinMaxObserver
-from torchao.quantization.pt2e.quantizer import (
-    QuantizationAnnotation,
-    QuantizationSpec,
-    QuantizationSpecBase,
-    Quantizer,
-)
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+from edgeport.aot.quantizer_base import MIN_SCALE, BackendQuantizer, is_float_tensor
 
 __all__ = ["CoreMLQuantizer", "QuantizationSettings"]
 
-_KEY = "quantization_annotation"
-_EPS = 2.0**-12
+_EPS = MIN_SCALE
 _aten = torch.ops.aten
 _GEMM = {_aten.conv1d.default, _aten.conv2d.default, _aten.linear.default}
 _BINARY = {_aten.add.Tensor, _aten.mul.Tensor}
@@ -90,12 +86,11 @@ def _settings_from_coremltools(config: Any) -> QuantizationSettings:
     return QuantizationSettings(act, g.weight_dtype, scheme == "symmetric", bool(g.weight_per_channel))
 
 
-def _is_float(a: Any) -> bool:
-    val = a.meta.get("val") if isinstance(a, Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+def _fusable(node: Node) -> bool:
+    return node.target in _CLAMPS
 
 
-class CoreMLQuantizer(Quantizer):
+class CoreMLQuantizer(BackendQuantizer):
     """pt2e annotations for Core ML: 8-bit static or weight-only, per-channel weights (see the module doc).
 
     ``config``: a coremltools ``LinearQuantizerConfig`` (ExecuTorch's argument), a :class:`QuantizationSettings`,
@@ -145,50 +140,20 @@ class CoreMLQuantizer(Quantizer):
     def __repr__(self) -> str:
         return f"CoreMLQuantizer({self.settings!r})"
 
-    def validate(self, model: GraphModule) -> None:
-        """Nothing to check beyond what :meth:`annotate` enforces."""
-
     def annotate(self, model: GraphModule) -> GraphModule:
-        for node in list(model.graph.nodes):
-            if node.op != "call_function" or self._done(node):
-                continue
+        for node in self.candidates(model):  # (no node_filter here: every node is wanted)
             if node.target in _GEMM:
                 self._gemm(node)
             elif node.target in _BINARY and self.act is not None:
-                a, b = node.args[0], node.args[1]
-                if _is_float(a) and _is_float(b):
-                    inputs: dict[Node, QuantizationSpecBase | None] = {a: self.act}
-                    if b is not a:
-                        inputs[b] = self.act
-                    self._mark(node, inputs, None)
-                    self._output(node)
+                self.annotate_binary(node, self.act, _fusable)
         return model
-
-    @staticmethod
-    def _done(node: Node) -> bool:
-        ann = node.meta.get(_KEY)
-        return ann is not None and ann._annotated
-
-    @staticmethod
-    def _mark(node: Node, inputs: dict[Node, QuantizationSpecBase | None], output: QuantizationSpecBase | None
-              ) -> None:
-        node.meta[_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
-
-    def _output(self, node: Node) -> None:
-        """Quantize ``node``'s output, or that of a clamp that is its only user (fused)."""
-        users = list(node.users)
-        if (len(users) == 1 and users[0].op == "call_function" and users[0].target in _CLAMPS
-                and users[0].args[0] is node and not self._done(users[0])):
-            self._mark(users[0], {}, self.act)
-        else:
-            node.meta[_KEY].output_qspec = self.act
 
     def _gemm(self, node: Node) -> None:
         x, w = node.args[0], node.args[1]
-        if not (_is_float(x) and isinstance(w, Node) and w.op == "get_attr"):
+        if not (is_float_tensor(x) and isinstance(w, Node) and w.op == "get_attr"):
             return
         if self.act is None:
-            self._mark(node, {w: self.weight}, None)
+            self.mark(node, {w: self.weight})
             return
-        self._mark(node, {x: self.act, w: self.weight}, None)
-        self._output(node)
+        self.mark(node, {x: self.act, w: self.weight})
+        self.quantize_output(node, self.act, _fusable)
