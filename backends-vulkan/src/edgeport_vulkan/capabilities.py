@@ -11,46 +11,44 @@ torch does); any other operator reading or writing one is refused here with that
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from edgeport.backend import CapabilityTable, OpCapability
-from edgeport.node_helpers import int_pair as _pair
+from edgeport.constraints import (
+    adaptive_avg_pool_1x1,
+    alpha_one,
+    conv2d,
+    first_output_only,
+    first_problem,
+    gelu_erf_or_tanh,
+    no_half_to_float,
+    non_negative_padding,
+    positive_step,
+    static_shapes,
+)
 from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value as _val
 from edgeport_vulkan._plan_context import ZERO_ELEMENT_OPS
-from edgeport_vulkan.capabilities_typed import typed_rows
 
 _F = ("float32",)
 MAX_RANK = 6
 
 
+_DYNAMIC = "the Vulkan executor plans static shapes only"
+_static_any = static_shapes(_DYNAMIC, max_rank=MAX_RANK)
+_static_nonempty = static_shapes(_DYNAMIC, max_rank=MAX_RANK, empty="only data-movement operators (views, copies, "
+                                 "cat) take empty tensors")
+
+
 def _static(node: Any) -> str | None:
     target = getattr(node, "target", "")  # an OpOverload, or an edge op wrapping one in ``_op``
     movement = str(target) in ZERO_ELEMENT_OPS or str(getattr(target, "_op", "")) in ZERO_ELEMENT_OPS
-    for n in [node, *getattr(node, "all_input_nodes", [])]:
-        val = _val(n)
-        if val is not None and hasattr(val, "shape"):
-            s = shape_of(n)
-            if s is None:
-                return f"dynamic shape on {getattr(n, 'name', n)}: the Vulkan executor plans static shapes only"
-            if len(s) > MAX_RANK:
-                return f"{getattr(n, 'name', n)} has rank {len(s)} > {MAX_RANK}"
-            if not movement and 0 in s:
-                return (f"{getattr(n, 'name', n)} {list(s)} has no elements: only data-movement operators (views, "
-                        "copies, cat) take empty tensors")
-    return None
+    return (_static_any if movement else _static_nonempty)(node)
 
 
-def _conv(node: Any) -> str | None:
-    w, x = shape_of(node.args[1]), shape_of(node.args[0])
-    if w is None or x is None or len(w) != 4 or len(x) not in (3, 4):
-        return "only 2-D convolutions (4-D weight) with static shapes"
-    if arg(node, 6, "transposed", False):
-        return "transposed convolution has no shader"
-    if any(_pair(arg(node, 7, "output_padding", 0))):
-        return "output_padding"
-    return _static(node)
+_conv = first_problem(partial(conv2d, groups="any", input_ranks=(3, 4)), _static)
 
 
 def _max_pool(node: Any) -> str | None:
@@ -58,16 +56,10 @@ def _max_pool(node: Any) -> str | None:
         x = _val(node.args[0])
         if str(getattr(x, "dtype", "")) != "torch.float32":
             return f"input dtype {getattr(x, 'dtype', None)} (float32 only)"
-        if any(getattr(u, "args", (None, 0))[1] != 0 for u in node.users):
-            return "the indices output of max_pool2d_with_indices is used (the shader computes values only)"
-    return _static(node)
+    return first_output_only(node, "indices") or _static(node)
 
 
-def _alpha(node: Any) -> str | None:
-    a = arg(node, 2, "alpha", 1)
-    if a != 1:
-        return f"alpha={a} (only alpha=1)"
-    return _static(node)
+_alpha = first_problem(alpha_one, _static)
 
 
 def _trailing(node: Any) -> str | None:
@@ -88,28 +80,12 @@ def _softmax(node: Any) -> str | None:
     s = shape_of(node.args[0])
     if s is not None and int(node.args[1]) % max(len(s), 1) != len(s) - 1:
         return f"softmax over dim {node.args[1]}; the shader normalizes the last dim only"
-    if arg(node, 2, "half_to_float", False):
-        return "half_to_float"
-    return _static(node)
+    return no_half_to_float(node) or _static(node)
 
 
-def _slice(node: Any) -> str | None:
-    step = arg(node, 4, "step", 1)
-    if not isinstance(step, int) or step < 1:
-        return f"step {step!r}"
-    return _static(node)
-
-
-def _pad(node: Any) -> str | None:
-    if any(int(p) < 0 for p in node.args[1]):
-        return "negative padding (cropping)"
-    return _static(node)
-
-
-def _gelu(node: Any) -> str | None:
-    if arg(node, 1, "approximate", "none") not in ("none", "tanh"):
-        return "unknown gelu approximation"
-    return _static(node)
+_slice = first_problem(positive_step, _static)
+_pad = first_problem(non_negative_padding, _static)
+_gelu = first_problem(gelu_erf_or_tanh, _static)
 
 
 def _pow(node: Any) -> str | None:
@@ -126,14 +102,6 @@ def _binary(node: Any) -> str | None:
     return _static(node)
 
 
-def _avg_pool(node: Any) -> str | None:
-    return _static(node)
-
-
-def _mm(node: Any) -> str | None:
-    return _static(node)
-
-
 def _addmm(node: Any) -> str | None:
     if arg(node, 3, "beta", 1) != 1 or arg(node, 4, "alpha", 1) != 1:
         return "beta or alpha != 1"
@@ -143,35 +111,25 @@ def _addmm(node: Any) -> str | None:
     return _static(node)
 
 
-def _adaptive(node: Any) -> str | None:
-    size = arg(node, 1, "output_size")
-    if _pair(size) != [1, 1]:
-        return f"adaptive average pooling to {list(size)} (only 1x1)"
-    return _static(node)
+_adaptive = first_problem(adaptive_avg_pool_1x1, _static)
 
 
 def _batch_norm(node: Any) -> str | None:
     x = shape_of(node.args[0])
     if x is None or len(x) < 2:
         return "batch norm needs a static input with a channel dimension"
-    for user in getattr(node, "users", ()):
-        if getattr(user, "args", (None, 0))[1] != 0:
-            return "the save_mean / save_invstd outputs are used (only the normalized output is computed)"
-    return _static(node)
+    return first_output_only(node, "save_mean / save_invstd") or _static(node)
 
 
-def _layer_norm(node: Any) -> str | None:
-    if any(getattr(u, "args", (None, 0))[1] != 0 for u in node.users):
-        return "the mean / rstd outputs of native_layer_norm are used (the shader computes the output only)"
-    return _static(node)
+_layer_norm = first_problem(partial(first_output_only, what="mean / rstd"), _static)
 
 
 _TABLE = (
     OpCapability("aten.convolution.default", _F, _conv, "conv2d shader: direct, groups incl. depthwise, + bias"),
     OpCapability("aten.linear.default", _F, _static, "matmul shader (x @ W^T + b)"),
     OpCapability("aten.addmm.default", _F, _addmm, "matmul shader (+ bias row)"),
-    OpCapability("aten.mm.default", _F, _mm, "matmul shader"),
-    OpCapability("aten.bmm.default", _F, _mm, "matmul shader (batched)"),
+    OpCapability("aten.mm.default", _F, _static, "matmul shader"),
+    OpCapability("aten.bmm.default", _F, _static, "matmul shader (batched)"),
     OpCapability("aten.add.Tensor", _F, _alpha, "binary shader, N-D broadcasting"),
     OpCapability("aten.sub.Tensor", _F, _alpha, "binary shader"),
     OpCapability("aten.mul.Tensor", _F, _binary, "binary shader"),
@@ -199,7 +157,7 @@ _TABLE = (
     OpCapability("aten.minimum.default", _F, _static, "binary shader, N-D broadcasting"),
     OpCapability("aten.max_pool2d.default", _F, _max_pool, "pool2d shader"),
     OpCapability("aten.max_pool2d_with_indices.default", (), _max_pool, "pool2d shader (values only)"),
-    OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "pool2d shader"),
+    OpCapability("aten.avg_pool2d.default", _F, _static, "pool2d shader"),
     OpCapability("aten.mean.dim", _F, _trailing, "mean shader (trailing dims)"),
     OpCapability("aten._softmax.default", _F, _softmax, "softmax shader (last dim)"),
     OpCapability("aten._log_softmax.default", _F, _softmax, "softmax shader, log (last dim)"),
@@ -224,4 +182,4 @@ _TABLE = (
 
 
 def capabilities() -> CapabilityTable:
-    return CapabilityTable(typed_rows(_TABLE, _static))  # + int / bool tensors: capabilities_typed
+    return CapabilityTable(_TABLE)
