@@ -43,31 +43,17 @@ Importing this module imports torchao; ``edgeport_xnnpack.plugin`` registers it 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e import (
-    HistogramObserver,
-    MinMaxObserver,
-    PerChannelMinMaxObserver,
-    PlaceholderObserver,
-)
-from torchao.quantization.pt2e.quantizer import (
-    DerivedQuantizationSpec,
-    QuantizationAnnotation,
-    QuantizationSpec,
-    QuantizationSpecBase,
-    Quantizer,
-    SharedQuantizationSpec,
-)
+from torchao.quantization.pt2e import PlaceholderObserver
+from torchao.quantization.pt2e.quantizer import QuantizationSpec, QuantizationSpecBase
+
+from edgeport.aot import quantizer_base as qb
+from edgeport.node_helpers import node_arg as _arg
 
 __all__ = ["XnnpackQuantizer"]
-
-_KEY = "quantization_annotation"
-_EPS = 2.0**-12  # smallest scale an observer may pick (keeps XNNPACK's requantization ratios in range)
 
 _aten = torch.ops.aten
 _CONV = {_aten.conv2d.default}
@@ -82,33 +68,6 @@ _RESHAPES = {_aten.view.default, _aten.reshape.default, _aten.flatten.using_ints
 _POOLS = {_aten.max_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim}
 
 
-def _is_float_tensor(a: Any) -> bool:
-    val = a.meta.get("val") if isinstance(a, Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
-
-
-def _is_constant(a: Any) -> bool:
-    return isinstance(a, Node) and a.op == "get_attr"
-
-
-def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
-    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
-
-
-def _bias_qparams(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 bias parameters from the input's and the weights' observers: ``input_scale * weight_scale`` (one
-    per output channel, or one), zero point 0 -- what the int8 convolution adds to its int32 accumulator."""
-    act_scale, _ = observers[0].calculate_qparams()
-    weight_scale, _ = observers[1].calculate_qparams()
-    scale = (act_scale.to(torch.float64) * weight_scale.to(torch.float64)).to(torch.float32).reshape(-1)
-    return scale, torch.zeros_like(scale, dtype=torch.int32)
-
-
-def _rank(a: Any) -> int | None:
-    val = a.meta.get("val") if isinstance(a, Node) else None
-    return val.dim() if isinstance(val, torch.Tensor) else None
-
-
 def _clamp_ok(node: Node) -> bool:
     """A relu / hardtanh / clamp with constant (Python number) bounds on a float tensor."""
     if node.target in _RELU:
@@ -119,8 +78,12 @@ def _clamp_ok(node: Node) -> bool:
     return all(isinstance(b, (int, float)) for b in (_arg(node, 1, "min_val", -1.0), _arg(node, 2, "max_val", 1.0)))
 
 
+def _fusable(node: Node) -> bool:
+    return node.target in _CLAMPS and _clamp_ok(node)
+
+
 def _global_pool(node: Node) -> bool:
-    rank = _rank(node.args[0])
+    rank = qb.tensor_rank(node.args[0])
     if node.target == _aten.max_pool2d.default:
         return rank == 4 and not _arg(node, 5, "ceil_mode", False)
     if node.target == _aten.adaptive_avg_pool2d.default:
@@ -129,7 +92,7 @@ def _global_pool(node: Node) -> bool:
     return rank == 4 and dims is not None and sorted(d % 4 for d in dims) == [2, 3]
 
 
-class XnnpackQuantizer(Quantizer):
+class XnnpackQuantizer(qb.BackendQuantizer):
     """Static int8 quantization for XnnpackBackend (see the module docstring).
 
     Args:
@@ -143,33 +106,18 @@ class XnnpackQuantizer(Quantizer):
 
     def __init__(self, *, per_channel: bool = True, observer: str = "histogram",
                  node_filter: Callable[[Node], bool] | None = None, dynamic: bool = False) -> None:
-        super().__init__()
-        observers = {"histogram": HistogramObserver, "minmax": MinMaxObserver}
-        if observer not in observers:
-            raise ValueError(f"XnnpackQuantizer: observer must be one of {sorted(observers)}, got {observer!r}")
+        super().__init__(node_filter=node_filter)
+        qb.observer_class(observer, "XnnpackQuantizer")
         self.per_channel = bool(per_channel)
         self.observer = observer
-        self.node_filter = node_filter
         self.dynamic = bool(dynamic)
         # one spec object each, so that prepare_pt2e shares observers between a producer and its consumers
-        self.act = QuantizationSpec(
-            dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
-            observer_or_fake_quant_ctr=observers[observer].with_args(eps=_EPS),
-        )
+        self.act = qb.int8_activation_spec(observer)
         self.dynamic_act = QuantizationSpec(
             dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine, is_dynamic=True,
-            observer_or_fake_quant_ctr=PlaceholderObserver.with_args(eps=_EPS),
+            observer_or_fake_quant_ctr=PlaceholderObserver.with_args(eps=qb.MIN_SCALE),
         )
-        if per_channel:
-            self.weight = QuantizationSpec(
-                dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_channel_symmetric, ch_axis=0,
-                observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS),
-            )
-        else:
-            self.weight = QuantizationSpec(
-                dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric,
-                observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=_EPS),
-            )
+        self.weight = qb.symmetric_weight_spec(per_channel=self.per_channel)
 
     def __repr__(self) -> str:
         return (f"XnnpackQuantizer(per_channel={self.per_channel}, observer={self.observer!r}, "
@@ -178,108 +126,50 @@ class XnnpackQuantizer(Quantizer):
     # -- annotation ---------------------------------------------------------------------------------------
     def annotate(self, model: GraphModule) -> GraphModule:
         if self.dynamic:
-            for node in list(model.graph.nodes):
-                if (node.op == "call_function" and node.target in _LINEAR and not self._done(node)
-                        and self._wanted(node)):
+            for node in self.candidates(model):
+                if node.target in _LINEAR:
                     self._dynamic_linear(node)
             return model
-        for node in list(model.graph.nodes):
-            if node.op != "call_function" or self._done(node) or not self._wanted(node):
-                continue
+        for node in self.candidates(model):
             if node.target in _CONV or node.target in _LINEAR:
                 self._gemm(node)
             elif node.target in _BINARY:
                 self._binary(node)
             elif node.target in _POOLS:
                 if _global_pool(node):
-                    self._shared(node)
+                    self.annotate_shared(node, self.act)
             elif node.target in _RESHAPES:
-                self._shared(node)
+                self.annotate_shared(node, self.act)
             elif node.target in _CLAMPS and _clamp_ok(node):
-                self._shared(node)
+                self.annotate_shared(node, self.act)
         return model
 
-    def validate(self, model: GraphModule) -> None:
-        """Nothing to check beyond what :meth:`annotate` enforces while annotating."""
-
-    # -- helpers --------------------------------------------------------------------------------------------
-    def _wanted(self, node: Node) -> bool:
-        return self.node_filter is None or bool(self.node_filter(node))
-
-    @staticmethod
-    def _done(node: Node) -> bool:
-        ann = node.meta.get(_KEY)
-        return ann is not None and ann._annotated
-
-    @staticmethod
-    def _mark(node: Node, inputs: dict[Node, QuantizationSpecBase | None], output: QuantizationSpecBase | None) -> None:
-        node.meta[_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
-
-    def _fused_clamp(self, node: Node) -> Node | None:
-        """The relu / relu6 / clamp that is ``node``'s only user (and reads only ``node``), if any."""
-        if len(node.users) != 1:
-            return None
-        user = next(iter(node.users))
-        if (user.op == "call_function" and user.target in _CLAMPS and _clamp_ok(user) and user.args[0] is node
-                and not self._done(user) and self._wanted(user)):
-            return user
-        return None
-
-    def _output(self, node: Node) -> None:
-        """Quantize ``node``'s output, or that of the clamp fused after it."""
-        act = self._fused_clamp(node)
-        if act is None:
-            node.meta[_KEY].output_qspec = self.act
-        else:
-            self._mark(act, {}, self.act)
-
+    # -- patterns -------------------------------------------------------------------------------------------
     def _gemm(self, node: Node) -> None:
         x, w = node.args[0], node.args[1]
         bias = _arg(node, 2, "bias")
-        if not (_is_float_tensor(x) and _is_constant(w) and _is_float_tensor(w)):
+        if not (qb.is_float_tensor(x) and qb.is_constant(w) and qb.is_float_tensor(w)):
             return
-        if node.target in _CONV and _rank(w) != 4:
+        if node.target in _CONV and qb.tensor_rank(w) != 4:
             return  # 2-D convolutions only
-        if bias is not None and not (_is_constant(bias) and _is_float_tensor(bias)):
+        if bias is not None and not (qb.is_constant(bias) and qb.is_float_tensor(bias)):
             return
         inputs: dict[Node, QuantizationSpecBase | None] = {x: self.act, w: self.weight}
-        if bias is not None:
-            inputs[bias] = self._bias_spec(x, w, node)
-        self._mark(node, inputs, None)
-        self._output(node)
-
-    def _bias_spec(self, x: Node, w: Node, node: Node) -> DerivedQuantizationSpec:
-        """int32 bias on the accumulator's scale (per output channel if the weights are)."""
-        per_channel = self.per_channel
-        return DerivedQuantizationSpec(
-            derived_from=[(x, node), (w, node)], derive_qparams_fn=_bias_qparams, dtype=torch.int32,
-            quant_min=-(2**31) + 1, quant_max=2**31 - 1,
-            qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
-            ch_axis=0 if per_channel else None)
+        if bias is not None:  # int32 on the accumulator's scale (per output channel if the weights are)
+            inputs[bias] = qb.int32_bias_spec(x, w, node, per_channel=self.per_channel)
+        self.mark(node, inputs)
+        self.quantize_output(node, self.act, _fusable)
 
     def _dynamic_linear(self, node: Node) -> None:
         x, w = node.args[0], node.args[1]
         bias = _arg(node, 2, "bias")
-        if not (_is_float_tensor(x) and _is_constant(w) and _is_float_tensor(w)):
+        if not (qb.is_float_tensor(x) and qb.is_constant(w) and qb.is_float_tensor(w)):
             return
-        if bias is not None and not _is_constant(bias):
+        if bias is not None and not qb.is_constant(bias):
             return
-        self._mark(node, {x: self.dynamic_act, w: self.weight}, None)
+        self.mark(node, {x: self.dynamic_act, w: self.weight})
 
     def _binary(self, node: Node) -> None:
-        a, b = node.args[0], node.args[1]
-        if not (_is_float_tensor(a) and _is_float_tensor(b)) or _arg(node, 2, "alpha", 1) != 1:
-            return
-        if _rank(a) != _rank(b):
-            return  # broadcasting across ranks stays in float
-        inputs: dict[Node, QuantizationSpecBase | None] = {a: self.act}
-        if b is not a:
-            inputs[b] = self.act
-        self._mark(node, inputs, None)
-        self._output(node)
-
-    def _shared(self, node: Node) -> None:
-        x = node.args[0]
-        if not _is_float_tensor(x) or node.target is operator.getitem:
-            return
-        self._mark(node, {x: self.act}, SharedQuantizationSpec((x, node)))
+        if _arg(node, 2, "alpha", 1) != 1 or qb.tensor_rank(node.args[0]) != qb.tensor_rank(node.args[1]):
+            return  # scaled, or broadcasting across ranks: stays in float
+        self.annotate_binary(node, self.act, _fusable)
