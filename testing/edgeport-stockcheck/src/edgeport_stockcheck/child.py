@@ -21,6 +21,11 @@ import numpy as np
 import torch
 from executorch.runtime import Runtime, Verification
 
+try:  # ExecuTorch's LLM kernels (llama::sdpa_with_kv_cache, update_cache, custom_sdpa), as its own runner loads them
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+except Exception:  # noqa: BLE001 - a wheel without them still runs every other program
+    pass
+
 
 def _as_input(v: Any) -> Any:
     return torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
