@@ -24,11 +24,12 @@ pytest.importorskip("transformers")
 
 BACKEND = "VulkanBackend"
 TOLERANCE = 1e-3
-# share of compute ops delegated, measured 2026-11-27 (small configs, bench/vulkan_coreml_architectures.py); a drop
+# share of compute ops delegated, measured 2026-11-28 with int / bool tensors on the device (small configs,
+# bench/vulkan_coreml_architectures.py; ExecuTorch 1.5.1's Vulkan partitioner: 92-96% on the transformers); a drop
 # below it is a regression (architectures without a floor: 0.5)
-FLOORS = {"bert": 0.74, "distilbert": 0.76, "gpt2": 0.68, "t5_encoder": 0.72, "llama": 0.73, "vit": 0.79,
-          "convnext": 1.0, "resnet": 1.0, "qwen2": 0.72, "mobilenet_v2_seg": 0.99,
-          "qwen2_empty_cache": 0.81}
+FLOORS = {"bert": 1.0, "distilbert": 1.0, "gpt2": 0.97, "t5_encoder": 0.98, "llama": 0.98, "vit": 1.0,
+          "convnext": 1.0, "resnet": 1.0, "qwen2": 0.98, "mobilenet_v2_seg": 0.99,
+          "qwen2_empty_cache": 0.97}
 
 
 def qwen2_empty_cache(seed: int = 0) -> Architecture:
@@ -79,7 +80,8 @@ def test_architecture_lowers_and_runs_on_vulkan(device, name):
     err = scale_error(np.asarray(got), eager_outputs(arch))
     assert err <= TOLERANCE, f"{name}: error {err:.2e} of the output's scale"
     share = inside / (inside + outside)
-    assert share >= FLOORS.get(name, 0.5), f"{name}: {inside} of {inside + outside} ops delegated ({share:.0%})"
+    assert share >= FLOORS.get(name, 0.5), (f"{name}: {inside} of {inside + outside} ops delegated ({share:.1%}); "
+                                            f"left: {[(op, why) for _, op, why in report.portable_ops]}")
     # nothing refused for an empty tensor except where computing on it was asked
     empty = [(node, why) for node, _, why in report.portable_ops if "no elements" in why]
     assert not empty, empty

@@ -19,6 +19,7 @@ EXPECTED = {  # shader -> (bindings, push-constant bytes)
     "binary": (3, 76), "unary": (2, 12), "matmul": (4, 28), "conv2d": (4, 76), "pool2d": (2, 60), "mean": (2, 8),
     "softmax": (2, 12), "layer_norm": (4, 20), "permute": (2, 56), "copy": (2, 88), "fill": (1, 8),
     "ewise": (4, 100), "gather": (4, 72), "scan": (2, 12),
+    "upsample": (2, 32),
 }
 # build variants beyond the default ("", "_fp16"): the word-storage shaders have the plain build only, the data
 # movers an int32 one too (their `// edgeport-variants:` lines)

@@ -66,6 +66,10 @@ CASES = {
     "gather": (lambda m, x, j: torch.gather(x, 2, j), (X, torch.randint(0, 5, (2, 2, 3))), "gather"),
     "cumsum_any": (lambda m, x, i, b: (torch.cumsum(i, 1), torch.cumsum(b, -1), torch.cumsum(x, 2), b.any(-1),
                                        (x > 1).any(1, keepdim=True), i.any(0)), (X, INTS, M), "cumsum"),
+    # float, added with these: bilinear upsampling (the segmentation head's last CPU op)
+    "upsample": (lambda m, x: (torch.nn.functional.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True),
+                               torch.nn.functional.interpolate(x, size=(3, 11), mode="bilinear")),
+                 (torch.randn(1, 3, 4, 5),), "upsample_bilinear2d"),
     "sin_cos": (lambda m, x: (torch.sin(x * 5), torch.cos(x * 5)), (X,), "sin"),
 }
 

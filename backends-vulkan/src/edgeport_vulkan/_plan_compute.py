@@ -380,6 +380,31 @@ def _batch_norm(ctx: PlanContext, args: list[int]) -> None:
                      dispatch_groups(n, 256), (code, len(cshape)))
 
 
+def _upsample(ctx: PlanContext, args: list[int]) -> None:
+    """``upsample_bilinear2d.vec`` with an output size (torch's source-coordinate rules, either align_corners)."""
+    check_nargs(ctx, args, 5)
+    x = ctx.tensor(args[0])
+    if len(x) != 4:
+        raise ctx.fail(f"input {list(x)} is not NCHW")
+    if ctx.is_null(args[1]) or not ctx.is_null(args[3]):
+        raise ctx.fail("only an output_size (no scale_factors) is supported")
+    oh, ow = ctx.ints(args[1], "output_size", 2)
+    if oh < 1 or ow < 1:
+        raise ctx.fail(f"output size {oh}x{ow}")
+    align = ctx.flag(args[2], "align_corners")
+    n, c, ih, iw = x
+
+    def scale(i: int, o: int) -> float:
+        if align:
+            return (i - 1) / (o - 1) if o > 1 else 0.0
+        return i / o
+
+    ctx.out(args[-1], (n, c, oh, ow))
+    total = n * c * oh * ow
+    ctx.dispatch("upsample", [args[0], args[-1]], "6i2f", [total, ih, iw, oh, ow, int(align), scale(ih, oh),
+                                                           scale(iw, ow)], dispatch_groups(total, 256))
+
+
 COMPUTE_HANDLERS: dict[str, Callable[[PlanContext, list[int]], None]] = {
     **{name: _binary for name in _BINARY}, **{name: _unary for name in _UNARY},
     "aten.linear.default": _linear, "aten.mm.default": _mm, "aten.addmm.default": _addmm, "aten.bmm.default": _bmm,
@@ -389,4 +414,5 @@ COMPUTE_HANDLERS: dict[str, Callable[[PlanContext, list[int]], None]] = {
     "aten._log_softmax.default": _softmax, "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool,
     "aten.native_layer_norm.default": _layer_norm,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm,
+    "aten.upsample_bilinear2d.vec": _upsample,
 }

@@ -58,6 +58,10 @@ def _index_dtype(idx: Any) -> str | None:
     return None
 
 
+def _embedding(node: Any) -> str | None:
+    return _index_dtype(node.args[1])
+
+
 def _index_select(node: Any) -> str | None:
     s = shape_of(node.args[2])
     if s is not None and len(s) > 1:
@@ -111,6 +115,15 @@ def _any_dims(node: Any) -> str | None:
     return None
 
 
+def _upsample(node: Any) -> str | None:
+    s = shape_of(node.args[0])
+    if s is None or len(s) != 4:
+        return "only 4-D (NCHW) inputs"
+    if node.args[1] is None or (len(node.args) > 3 and node.args[3] is not None):
+        return "scale_factors instead of an output size"
+    return None
+
+
 def _bitwise(node: Any) -> str | None:
     if any(isinstance(a, float) for a in node.args):
         return "a float operand of a bitwise op"
@@ -121,17 +134,24 @@ def _both(check: Constraint, base: Constraint) -> Constraint:
     def constraint(node: Any) -> str | None:
         return check(node) or base(node)
 
-    constraint.__name__ = getattr(check, "__name__", "constraint").lstrip("_")
+    constraint.__name__ = f"{getattr(check, '__name__', 'check')} + {getattr(base, '__name__', 'check')}"
     return constraint
 
 
 def typed_rows(table: tuple[OpCapability, ...], static: Constraint) -> tuple[OpCapability, ...]:
     """``table`` with the :data:`WIDENED` rows taking int / bool tensors too, plus the rows for int / bool ops;
     ``static`` is the table's shape check (static, rank, empty tensors)."""
-    widened = tuple(dataclasses.replace(c, dtypes=_FI if not c.op.startswith("aten.sub.") else _FI[:3],
-                                        constraint=_both(_int_args, c.constraint or static)
-                                        if c.op.split(".")[1] in _ARITH else c.constraint)
-                    if c.op in WIDENED else c for c in table)  # torch has no subtraction of bools
+    def widen(c: OpCapability) -> OpCapability:
+        if c.op not in WIDENED:
+            return c
+        if c.op.split(".")[1] in _ARITH:  # torch has no subtraction of bools
+            return dataclasses.replace(c, dtypes=_FI if not c.op.startswith("aten.sub.") else _FI[:3],
+                                       constraint=_both(_int_args, c.constraint or static),
+                                       notes=f"{c.notes}; int / bool operands: ewise shader")
+        return dataclasses.replace(c, dtypes=_FI, notes=f"{c.notes}; int / bool: its int32 build"
+                                   if "shader" in c.notes else c.notes)
+
+    widened = tuple(widen(c) for c in table)
     ints = _both(_int_args, static)
     return widened + (
         OpCapability("aten.alias_copy.default", _FI, static, "no dispatch (buffer alias)"),
@@ -153,7 +173,7 @@ def typed_rows(table: tuple[OpCapability, ...], static: Constraint) -> tuple[OpC
         OpCapability("aten.full_like.default", _FI, ints, "ewise shader: a broadcast constant"),
         OpCapability("aten.arange.start_step", _FI, _both(_arange, static),
                      "values made at load, copied by the ewise shader"),
-        OpCapability("aten.embedding.default", _FI, _both(lambda n: _index_dtype(n.args[1]), static),
+        OpCapability("aten.embedding.default", _FI, _both(_embedding, static),
                      "gather shader: rows of the weight (an out-of-range index fails the run)"),
         OpCapability("aten.index_select.default", _FI, _both(_index_select, static), "gather shader (1-D index)"),
         OpCapability("aten.index.Tensor", _FI, _both(_index, static),
@@ -163,6 +183,9 @@ def typed_rows(table: tuple[OpCapability, ...], static: Constraint) -> tuple[OpC
                      "scan shader: one invocation per line (int32 sums wrap at 32 bits)"),
         OpCapability("aten.any.dim", _FI, static, "scan shader: any along one dim"),
         OpCapability("aten.any.dims", _FI, _both(_any_dims, static), "scan shader: any along one dim"),
+        # float only, added with these rows (the last op ExecuTorch delegates on the architecture suite's CNNs)
+        OpCapability("aten.upsample_bilinear2d.vec", _F, _both(_upsample, static),
+                     "upsample shader (bilinear, either align_corners, NCHW, output size given)"),
     )
 
 
