@@ -31,6 +31,7 @@ from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 from edgeport.node_helpers import node_value as _val
 from edgeport_vulkan._plan_context import ZERO_ELEMENT_OPS
+from edgeport_vulkan.capabilities_typed import typed_rows
 
 _F = ("float32",)
 MAX_RANK = 6
@@ -182,4 +183,4 @@ _TABLE = (
 
 
 def capabilities() -> CapabilityTable:
-    return CapabilityTable(_TABLE)
+    return CapabilityTable(typed_rows(_TABLE, _static))  # + int / bool tensors: capabilities_typed
