@@ -17,9 +17,11 @@ outputs of a BatchNorm-folded convolution, which a deep CNN amplifies; a16w8 kee
 int48 by the lowering); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
 is fused (only its output is quantized). Max pooling, reshapes, permutes and padding share their input's
 parameters, and so does ``amax``. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` / ``exp`` / ``reciprocal`` /
-``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do average pooling, ``mean``
-and ``sum`` (an int32 sum rescaled once: on the input's own scale exact .5 ties are frequent, and integer
-hardware rounds them up where torch rounds to even). Softmax, layer norm and unmasked attention are decomposed
+``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do ``mean`` and ``sum`` (an
+int32 sum rescaled once) and average pooling over an even number of elements: on the input's own scale such an
+average has exact .5 ties, which integer hardware rounds up where torch rounds to even. Average pooling over an
+odd number of elements (at most 255, no padding) shares its input's parameters: it can have no tie, so TOSA's
+AVG_POOL2D rounds it as torch does and no RESCALE follows it (ExecuTorch's choice, and Vela's cycles). Softmax, layer norm and unmasked attention are decomposed
 into those primitives before annotation (:mod:`edgeport_arm.decompose`); what has no int8 lowering stays float,
 and ``EthosUPartitioner`` then names it unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen
 nodes in float.
@@ -39,6 +41,7 @@ from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import QuantizationSpec, QuantizationSpecBase
 
 from edgeport.aot import quantizer_base as qb
+from edgeport.node_helpers import int_pair
 from edgeport.node_helpers import node_arg as _arg
 from edgeport_arm.decompose import decompose_for_annotation
 from edgeport_arm.options import EthosUCompileSpec, TosaCompileSpec
@@ -55,8 +58,11 @@ _CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _ate
 _TABLES = {_aten.sigmoid.default, _aten.tanh.default, _aten.hardswish.default, _aten.hardswish_.default,
            _aten.gelu.default, _aten.exp.default, _aten.reciprocal.default, _aten.rsqrt.default}
 # averages get their own output parameters: on the input's scale, exact .5 ties are frequent and integer
-# hardware rounds them differently from torch
+# hardware rounds them differently from torch -- except pools over an odd count (_tie_free_pool)
 _AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sum.dim_IntList}
+# a tie-free pool's count: above it, float32 error in the pt2e model's sum could cross a rounding boundary
+# (nearest one 1 / (2 * count) away; worst-case float32 error of a count-term int8 sum ~ count * 128 * 2**-24)
+_TIE_FREE_MAX_COUNT = 255
 _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, _aten.flatten.using_ints, _aten.squeeze.dim,
            _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
            _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
@@ -66,6 +72,32 @@ _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, 
 
 def _fusable(node: Node) -> bool:
     return node.target in _CLAMPS
+
+
+def _tie_free_pool(node: Node) -> bool:
+    """An average whose every output is over the same odd count of elements (at most _TIE_FREE_MAX_COUNT): its
+    sum over that count can never be an exact .5 away from an integer, so it may share its input's parameters."""
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 4 or not all(isinstance(d, int) for d in val.shape):
+        return False
+    if node.target == _aten.mean.dim:
+        dims = _arg(node, 1, "dim")
+        if dims is None or sorted(int(d) % 4 for d in dims) != [2, 3]:
+            return False
+        count = val.shape[2] * val.shape[3]
+    elif node.target == _aten.adaptive_avg_pool2d.default:
+        if int_pair(node.args[1]) != [1, 1]:
+            return False
+        count = val.shape[2] * val.shape[3]
+    elif node.target == _aten.avg_pool2d.default:
+        if (any(int_pair(_arg(node, 3, "padding", 0))) or _arg(node, 4, "ceil_mode", False)
+                or _arg(node, 6, "divisor_override") is not None):
+            return False
+        kh, kw = int_pair(node.args[1])
+        count = kh * kw
+    else:
+        return False
+    return count % 2 == 1 and count <= _TIE_FREE_MAX_COUNT
 
 
 class _ArmQuantizer(qb.BackendQuantizer):
@@ -112,7 +144,10 @@ class _ArmQuantizer(qb.BackendQuantizer):
                 if _arg(node, 2, "alpha", 1) == 1:
                     self.annotate_binary(node, self.act, _fusable)
             elif t in _TABLES or t in _AVERAGES:
-                self.annotate_own(node, self.act)
+                if not self.a16w8 and _tie_free_pool(node):
+                    self.annotate_shared(node, self.act)
+                else:
+                    self.annotate_own(node, self.act)
             elif t is _aten.cat.default:
                 tensors = [a for a in node.args[0] if qb.is_float_tensor(a)]
                 if tensors and len(tensors) == len(node.args[0]):
