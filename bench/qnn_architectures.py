@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
-import platform
 import sys
 import time
 import warnings
@@ -37,18 +36,9 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from architectures import write_section  # noqa: E402  (bench/ is not a package)
+from xnnpack_bench.machine import cpu_model  # noqa: E402
 
 SECTION_TITLE = "## Architecture suite: QNN"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _sqnr(got: Any, want: Any) -> float:
@@ -183,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     lines = [SECTION_TITLE, "",
              f"Measured by `bench/qnn_architectures.py` on {start:%Y-%m-%d %H:%M} UTC: {os.cpu_count()} CPUs, "
-             f"{_cpu()}; torch {torch.__version__}, onnxruntime-qnn 2.7.0's QAIRT 2.51 libraries (HTP emulator, "
+             f"{cpu_model()}; torch {torch.__version__}, onnxruntime-qnn 2.7.0's QAIRT 2.51 libraries (HTP emulator, "
              f"float32 on its default device, 8a8w on SM8650's). Whole run {time.perf_counter() - t0:.0f} s; load "
              f"average {' '.join(f'{v:.1f}' for v in load0)} at the start, "
              f"{' '.join(f'{v:.1f}' for v in load1)} at the end. Small configs, random weights "
