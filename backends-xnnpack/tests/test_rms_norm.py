@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from xnn_helpers import blob_kinds, delegate_count, eager, lower_edgeport, needs_xnnpack, rel_err, run_edgeport
+from xnn_helpers import (
+    blob_kinds,
+    delegate_count,
+    eager,
+    lower_edgeport,
+    needs_xnnpack,
+    rel_err,
+    run_edgeport,
+)
 
 RTOL = 1e-5
 
