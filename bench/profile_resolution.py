@@ -37,27 +37,10 @@ MODELS = ("swin", "resnet", "bert")
 
 def build(name: str) -> tuple[Any, tuple[Any, ...]]:
     """The model (eval mode) and its example inputs."""
-    import torch
-
-    from edgeport.testing.architectures import ARCHITECTURES
+    from edgeport.testing.architectures import ARCHITECTURES, swin
 
     if name == "swin":
-        import transformers as T
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            inner = T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
-                                             num_heads=[2, 4], window_size=4)).eval()
-
-        class Swin(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, x):
-                return self.inner(x).last_hidden_state
-
-        return Swin().eval(), (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+        return swin()
     arch = ARCHITECTURES[name](seed=0, size="small")
     return arch.model, tuple(arch.example_inputs)
 

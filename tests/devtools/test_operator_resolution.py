@@ -27,22 +27,9 @@ if stock_runtime_missing():
 
 
 def _swin() -> tuple[torch.nn.Module, tuple]:
-    import transformers as T
+    from edgeport.testing.architectures import swin
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        inner = T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
-                                         num_heads=[2, 4], window_size=4)).eval()
-
-    class Swin(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x):
-            return self.inner(x).last_hidden_state
-
-    return Swin().eval(), (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+    return swin()
 
 
 def _model(name: str) -> tuple[torch.nn.Module, tuple]:

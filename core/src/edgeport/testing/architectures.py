@@ -240,3 +240,26 @@ def eager_outputs(arch: Architecture, inputs: Sequence[Any] | None = None) -> An
     torch = _torch()
     with torch.no_grad():
         return arch.model(*(inputs if inputs is not None else arch.example_inputs)).numpy()
+
+
+def swin(seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+    """A windowed-attention vision transformer (``transformers.SwinModel``, tiny config, random weights) returning
+    its last hidden state, and a 32x32 example image: the profiling benchmark's and tests' model (not in
+    :data:`ARCHITECTURES`, so the per-backend suites do not run it)."""
+    import torch
+    import transformers as T
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        inner = T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                         num_heads=[2, 4], window_size=4)).eval()
+
+    class Swin(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x).last_hidden_state
+
+    return Swin().eval(), (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed)),)
