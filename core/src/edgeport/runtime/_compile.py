@@ -18,6 +18,7 @@ import numpy as np
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport.program import schema as S
+from edgeport.runtime._cse import reuse_result
 from edgeport.runtime._delegates import Delegate
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._memory import MemoryLayout
@@ -106,6 +107,12 @@ class ChainCompiler:
                         ops.append((self._list_resolver(idx), _vals_only, None))
                         labels.append(label)
                 post = self._kernel_post(call.name, params, call.rets, call.stores, call.mut, outs)
+                source = self.analysis.reused.get((ci, ii))
+                if source is not None and arg_slots[outs[0]] != layout.none_slot:
+                    # an earlier identical call's result is in ``source`` (runtime._cse): copy it
+                    ops.append((reuse_result, getter([source, arg_slots[outs[0]]]), post))
+                    labels.append(label)
+                    continue
                 ops.append((call.entry.fn, getter(arg_slots), post))
                 labels.append(label)
                 self.kernel_ops += 1

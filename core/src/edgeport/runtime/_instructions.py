@@ -68,6 +68,8 @@ class InstructionAnalysis:
     state_tensors: set[int]
     #: (chain, instruction) of delegate calls computed once at load (constant folding); not run
     folded_delegates: set[tuple[int, int]] = field(default_factory=set)
+    #: (chain, instruction) of kernel calls whose result an earlier identical call left in a slot -> that slot
+    reused: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def kernel_calls(self) -> Iterator[KernelCallInfo]:
         for infos in self.chains:

@@ -14,6 +14,7 @@ from typing import Any
 from edgeport.errors import ProgramError
 from edgeport.program import schema as S
 from edgeport.runtime._compile import ChainCompiler, CompiledChain
+from edgeport.runtime._cse import common_calls
 from edgeport.runtime._delegates import Delegates
 from edgeport.runtime._execute import MethodRunner
 from edgeport.runtime._folding import fold_constants
@@ -69,6 +70,8 @@ class MethodPlan:
         if fold:  # after init: calls of pure delegates on constants fold too
             self.profile.folded_instructions = fold_constants(mv, plan, analysis, self.static_template,
                                                               self._delegates.items)
+            analysis.reused = common_calls(mv, plan, analysis, self.static_template, self._delegates.items)
+            self.profile.reused_calls = len(analysis.reused)
         self._layout = MemoryLayout(mv, self.static_template)
         compiler = ChainCompiler(mv, plan, analysis, self._layout, self._delegates.items)
         self.chains: list[CompiledChain] = compiler.compile()

@@ -37,6 +37,8 @@ class MethodProfile:
     delegates: list[DelegateInfo] = field(default_factory=list)
     num_instructions: int = 0
     folded_instructions: int = 0
+    #: kernel calls that copy an earlier call's identical result instead of running (see ``runtime._cse``)
+    reused_calls: int = 0
     runs: int = 0
     last_run_seconds: float = 0.0
     #: with ``method.time_ops = True``: seconds and calls per op (kernel name or ``delegate N: backend``)

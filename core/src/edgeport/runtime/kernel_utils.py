@@ -20,7 +20,8 @@ Optional attributes of a kernel function: ``num_args`` (see above); ``optional_o
 arguments the kernel accepts as ``None`` when the program never reads them (the runtime then skips their
 memory, e.g. the indices of ``max_pool2d_with_indices``); ``pure = False`` for kernels whose result is not a
 function of their inputs (random numbers), which are never constant-folded at load; ``mutates``, positions of
-arguments the kernel replaces by returned values.
+arguments the kernel replaces by returned values; ``shape_only``, positions of tensor arguments of which the
+kernel reads only the shape and dtype (``aten::copy.out``'s ``self``).
 
 Ops that return a value instead of writing an out tensor (``executorch_prim::add.Scalar``,
 ``aten::sym_size.int``, ``executorch_prim::et_view.default``) return it.

@@ -65,6 +65,9 @@ def copy_out(self, src, non_blocking, out):
     return _copy_into(out, np.broadcast_to(src, self.shape))
 
 
+copy_out.shape_only = (0,)  # only ``self``'s shape matters (common calls at load, ``runtime._cse``)
+
+
 @kernel("aten::copy_", "aten::copy_.default")
 def copy_inplace(self, src, non_blocking):
     """In-place ``self.copy_(src)`` (ExecuTorch emits it to write mutated buffers back)."""

@@ -1,0 +1,101 @@
+"""Common kernel calls reused at load (``edgeport.runtime._cse``): a repeated pure call copies the earlier
+result instead of running, only while nothing wrote over that result or the call's inputs; outputs stay those of
+eager PyTorch and bit-identical to a load without reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import edgeport  # noqa: E402
+import edgeport.runtime._method as method_module  # noqa: E402
+from edgeport.runtime import Runtime  # noqa: E402
+from edgeport.runtime._cse import reuse_result  # noqa: E402
+
+
+class Masks(torch.nn.Module):
+    """Recomputes the same position mask per "layer" from an input, as HF decoders do from the cache position;
+    in between, an in-place update of a buffer that the next mask reads must not be skipped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pos", torch.zeros(4, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            mask = torch.where(torch.arange(8) <= start, 0.0, float("-inf"))
+            x = torch.softmax(x + mask, dim=-1)
+        m1 = torch.where(self.pos.sum() + torch.arange(8) > 2, 1.0, 2.0)
+        self.pos.add_(1)  # state: the same expression after this write differs
+        m2 = torch.where(self.pos.sum() + torch.arange(8) > 2, 1.0, 2.0)
+        return x + m1 + 10 * m2
+
+
+def _program(model: torch.nn.Module, inputs: tuple) -> bytes:
+    return edgeport.to_edge(torch.export.export(model, inputs)).to_executorch().buffer
+
+
+def _load(pte: bytes, reuse: bool):
+    if reuse:
+        return Runtime.get().load_program(pte).load_method()
+    original = method_module.common_calls
+    method_module.common_calls = lambda *a, **k: {}
+    try:
+        return Runtime.get().load_program(pte).load_method()
+    finally:
+        method_module.common_calls = original
+
+
+def _reused_ops(method) -> int:
+    return sum(fn is reuse_result for chain in method._plan.chains for fn, _, _ in chain[0])
+
+
+def test_repeated_masks_are_reused_and_outputs_match_eager():
+    x = torch.randn(2, 8)
+    model = Masks()
+    pte = _program(Masks(), (x, torch.tensor(3)))
+    reused, plain = _load(pte, True), _load(pte, False)
+    assert reused.profile.reused_calls == _reused_ops(reused) > 0
+    assert plain.profile.reused_calls == 0 == _reused_ops(plain)
+    for start in (0, 3, 7, 5):  # stateful: four runs, the buffer advancing each time
+        args = (x, torch.tensor(start))
+        with torch.no_grad():
+            want = model(*args).numpy()
+        (got,) = reused.execute([a.numpy() for a in args])
+        (ref,) = plain.execute([a.numpy() for a in args])
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_an_overwritten_result_is_recomputed():
+    """The memory plan reuses the first mask's bytes once it is dead: the third mask (same inputs) must run
+    again, and only the second copies the first."""
+    x = torch.randn(2, 8)
+    method = _load(_program(Masks(), (x, torch.tensor(3))), True)
+    les = [fn is reuse_result for chain in method._plan.chains for (fn, _, _), label in zip(chain[0], chain[2])
+           if "aten::le.Tensor_out" in label]
+    assert les[0] is False and True in les[1:]
+    model = Masks()
+    for start in (3, 3, 1):
+        with torch.no_grad():
+            want = model(x, torch.tensor(start)).numpy()
+        np.testing.assert_allclose(method.execute([x.numpy(), np.array(start)])[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_dynamic_shapes_reuse_with_the_actual_shape():
+    class Twice(torch.nn.Module):
+        def forward(self, pos: torch.Tensor) -> torch.Tensor:
+            a = torch.arange(pos.shape[0]) + pos
+            b = torch.arange(pos.shape[0]) + pos
+            return (a * 2 + b).float()
+
+    n = torch.export.Dim("n", min=1, max=16)
+    ep = torch.export.export(Twice(), (torch.arange(5),), dynamic_shapes={"pos": {0: n}})
+    method = Runtime.get().load_program(edgeport.to_edge(ep).to_executorch().buffer).load_method()
+    assert method.profile.reused_calls >= 1
+    for size in (5, 1, 16, 3):
+        pos = torch.arange(size) * 3
+        (got,) = method.execute([pos.numpy()])
+        np.testing.assert_array_equal(got, Twice()(pos).numpy())
