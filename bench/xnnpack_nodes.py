@@ -84,6 +84,14 @@ def _models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]
         "pw_project": ("pointwise 1x1 144->24, 56x56 (+BN)",
                        lambda: (nn.Sequential(nn.Conv2d(144, 24, 1, bias=False), nn.BatchNorm2d(24)).eval(),
                                 (torch.randn(1, 144, 56, 56),))),
+        # ResNet-18's dense 3x3 convolutions (BN folded, ReLU), one per stage and the stride-2 entries
+        "r3x3_64": ("conv 3x3 s1 64->64, 56x56 (+BN, ReLU6): ResNet-18 layer1", conv(64, 64, 3, 1, 1, 56)),
+        "r3x3_128s2": ("conv 3x3 s2 64->128, 56x56 (+BN, ReLU6): ResNet-18 layer2 entry", conv(64, 128, 3, 2, 1, 56)),
+        "r3x3_128": ("conv 3x3 s1 128->128, 28x28 (+BN, ReLU6): ResNet-18 layer2", conv(128, 128, 3, 1, 1, 28)),
+        "r3x3_256": ("conv 3x3 s1 256->256, 14x14 (+BN, ReLU6): ResNet-18 layer3", conv(256, 256, 3, 1, 1, 14)),
+        "r3x3_512": ("conv 3x3 s1 512->512, 7x7 (+BN, ReLU6): ResNet-18 layer4", conv(512, 512, 3, 1, 1, 7)),
+        "r7x7_stem": ("conv 7x7 s2 3->64, 224x224 (+BN, ReLU6): ResNet-18 stem", conv(3, 64, 7, 2, 1, 224)),
+        "resnet18": ("ResNet-18 224 fp32 (bench/xnnpack.py's)", lambda: build_model("resnet18")),
         "fc_head": ("linear 1280->1000, batch 1", lambda: (nn.Linear(1280, 1000).eval(), (torch.randn(1, 1280),))),
         "add": ("add 1x24x56x56", lambda: (Add().eval(), (torch.randn(1, 24, 56, 56), torch.randn(1, 24, 56, 56)))),
         "hardtanh": ("hardtanh 1x144x56x56", lambda: (nn.Hardtanh(0, 6).eval(), (torch.randn(1, 144, 56, 56),))),
@@ -127,7 +135,7 @@ def _lower(kind: str, model: Any, inputs: tuple[Any, ...], threads: int) -> tupl
     import edgeport
     from edgeport_xnnpack import XnnpackCompileOptions, XnnpackPartitioner
 
-    if kind.startswith("mobilenet_v2"):
+    if kind.startswith("mobilenet_v2") or kind == "resnet18":
         return lower_executorch(kind, model, inputs, use_cache=False), lower_edgeport(kind, model, inputs, threads)
     ep = torch.export.export(model, inputs)
     et = et_lower(ep, partitioner=[EtPartitioner()]).to_executorch().buffer

@@ -29,27 +29,38 @@ def test_auto_picks_the_host_only_where_the_2022_kernels_are_slow(monkeypatch):
     monkeypatch.setattr(_host_gemm.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(_host_gemm, "kernel_available", lambda: True)
     monkeypatch.setattr(_host_gemm._host_qs8, "kernel_available", lambda: True)
+    monkeypatch.setattr(_host_gemm._host_conv, "kernel_level", lambda: 2)
     resolve = _host_gemm.resolve
-    assert resolve("auto", AVX2_ONLY) == {"float"}  # AVX2, no AVX-512: float32 products
-    assert resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw"}) == set()  # the 2022 AVX-512 kernels are fine
-    assert resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}) == {"int8"}  # no VNNI kernels there
+    # AVX2, no AVX-512: float32 products; dense convolutions wherever the conv kernel runs (the 2022 library's
+    # igemm is 7x16 on AVX-512, ExecuTorch's 7x32)
+    assert resolve("auto", AVX2_ONLY) == {"float", "conv"}
+    assert resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw"}) == {"conv"}  # its AVX-512 GEMMs are fine
+    assert resolve("auto", AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}) == {"int8", "conv"}  # no VNNI there
     assert resolve("auto", {"sse4_2"}) == set()
-    assert resolve("host", AVX2_ONLY | {"avx512f"}) == {"float", "int8"}
+    assert resolve("host", AVX2_ONLY | {"avx512f"}) == {"float", "int8", "conv"}
     assert resolve("host-float") == {"float"} and resolve("host-int8") == {"int8"}
+    assert resolve("host-conv") == {"conv"} and resolve("host-float+host-conv") == {"float", "conv"}
     assert resolve("xnnpack", AVX2_ONLY) == set()
     assert _host_gemm.describe(frozenset({"int8", "float"})) == "host (float32, int8)"
     assert _host_gemm.describe(frozenset()) == "xnnpack"
-    for kinds in (set(), {"float"}, {"int8"}, {"float", "int8"}):
+    for kinds in (set(), {"float"}, {"int8"}, {"conv"}, {"float", "int8"}, {"float", "conv"}, {"int8", "conv"},
+                  {"float", "int8", "conv"}):
         assert resolve(_host_gemm.choice_for(frozenset(kinds))) == kinds
     monkeypatch.setattr(_host_gemm._host_qs8, "kernel_available", lambda: False)
+    monkeypatch.setattr(_host_gemm._host_conv, "kernel_level", lambda: 0)
     assert resolve("host") == {"float"}
+    assert resolve("auto", AVX2_ONLY) == {"float"}
     with pytest.raises(ValueError, match="'host-int8' needs a CPU with AVX512-VNNI"):
         resolve("host-int8")
+    with pytest.raises(ValueError, match="'host-conv' needs an x86-64 CPU with AVX2 and FMA"):
+        resolve("host-float+host-conv")
     monkeypatch.setattr(_host_gemm.platform, "machine", lambda: "aarch64")
     assert resolve("auto", AVX2_ONLY | {"avx512_vnni"}) == set()
     with pytest.raises(ValueError, match="fully_connected must be one of"):
         resolve("gpu")
-    with pytest.raises(ValueError, match="'auto', 'xnnpack', 'host', 'host-float' or 'host-int8'"):
+    with pytest.raises(ValueError, match="fully_connected must be one of"):
+        resolve("auto+host-conv")
+    with pytest.raises(ValueError, match="'auto', 'xnnpack', 'host', 'host-float', 'host-int8', 'host-conv'"):
         XnnpackRuntimeOptions(fully_connected="blas")
 
 

@@ -388,6 +388,10 @@ static PyMethodDef methods[] = {
      "qmax, threads)"},
     {"qs8_im2col", qs8_im2col, METH_VARARGS,
      "qs8_im2col(src, dst, batch, h, w, c, kh, kw, sh, sw, pad_top, pad_left, oh, ow, k_padded, zero_point)"},
+    {"conv_isa", conv_isa, METH_NOARGS, "conv_isa() -> 2 (AVX-512 7x32), 1 (AVX2 6x16) or 0: conv_packed's kernels"},
+    {"conv_packed", conv_packed, METH_VARARGS,
+     "conv_packed(parallelize, pool, level, x, x_len, packed_w, packed_bias, zero, offsets, out, m, taps, c, n, lo, "
+     "hi, threads)"},
     {"packed_gemm", packed_gemm, METH_VARARGS,
      "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},
     {NULL, NULL, 0, NULL},

@@ -36,5 +36,7 @@ static inline int typed_buffer(PyObject *obj, Py_buffer *view, int writable, Py_
 PyObject *qs8_available(PyObject *module, PyObject *args);
 PyObject *qs8_packed_gemm(PyObject *module, PyObject *args);
 PyObject *qs8_im2col(PyObject *module, PyObject *args);
+PyObject *conv_isa(PyObject *module, PyObject *args);
+PyObject *conv_packed(PyObject *module, PyObject *args);
 
 #endif

@@ -10,8 +10,12 @@ emulated)"). So ``XnnpackRuntimeOptions.fully_connected`` chooses where they run
   (XNNPACK's own scheme: the input is read in place; 0.66-0.93x OpenBLAS's time on every MobileNetV2 and encoder
   shape, which packs the whole input first), below that (a single token) OpenBLAS's ``sgemv`` / ``sgemm``; numpy's
   matmul when the extension is not built;
-- ``"auto"`` (the default): ``"host"`` on x86-64 CPUs with AVX2 and without AVX-512F when the extension runs the
-  micro-kernel, else ``"xnnpack"``.
+- ``"host-conv"``: float32 dense convolutions other than those (3x3, strided, padded; one group, no dilation) on
+  ``edgeport_xnnpack._host_conv``'s indirect-GEMM kernel (AVX-512 7x32 / AVX2 6x16, bit-identical to libXNNPACK);
+- ``"auto"`` (the default): ``"host-float"`` on x86-64 CPUs with AVX2 and without AVX-512F when the extension runs
+  the micro-kernel, ``"host-conv"`` where the convolution kernel runs, ``"host-int8"`` with AVX512-VNNI.
+
+Choices combine with ``+`` (``"host-float+host-conv"``); ``"host"`` is all three.
 
 Only products big enough to pay for a step boundary move (``MIN_MACS``), and only float32 ones with constant
 weights: fully-connected layers, and 1x1 stride-1 unpadded single-group convolutions (in XNNPACK's NHWC layout the
@@ -28,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeport_xnnpack import _host_qs8
+from edgeport_xnnpack import _host_conv, _host_qs8
 from edgeport_xnnpack._blas import cblas_address
 from edgeport_xnnpack._host import HostOp
 from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
@@ -38,7 +42,8 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler
     _gemm = None
 
-CHOICES = ("auto", "xnnpack", "host", "host-float", "host-int8")
+CHOICES = ("auto", "xnnpack", "host", "host-float", "host-int8", "host-conv")
+_KIND = {"host-float": "float", "host-int8": "int8", "host-conv": "conv"}
 MIN_FLOAT_ROWS = 6  # the micro-kernel's row block; see wants_host
 MIN_MACS = 1 << 20  # ~0.05 ms of one AVX2 core: below this a step boundary costs more than the faster kernel saves
 _TRANSPOSE_WEIGHTS = 1  # XNN_FLAG_TRANSPOSE_WEIGHTS: a fully-connected filter stored [in, out]
@@ -73,20 +78,25 @@ def _blas_pair() -> tuple[int, int, bool] | None:
 def resolve(choice: str, flags: set[str] | None = None) -> frozenset[str]:
     """Which products run on the host for a ``fully_connected`` option value: a subset of ``{"float", "int8"}``
     (see the module docstring; ``flags``: the CPU's, from ``/proc/cpuinfo`` unless given)."""
-    if choice not in CHOICES:
-        raise ValueError(f"fully_connected must be one of {list(CHOICES)}, got {choice!r}")
+    parts = choice.split("+")
+    if not all(p in CHOICES for p in parts) or (len(parts) > 1 and not all(p in _KIND for p in parts)):
+        raise ValueError(f"fully_connected must be one of {list(CHOICES)} or a '+'-joined combination of "
+                         f"{list(_KIND)}, got {choice!r}")
     int8_ok = _host_qs8.kernel_available()
+    conv_ok = _host_conv.kernel_level() > 0
     if choice == "xnnpack":
         return frozenset()
-    if choice == "host-float":
-        return frozenset({"float"})
-    if choice == "host-int8":
-        if not int8_ok:
+    if len(parts) > 1 or choice in _KIND:
+        kinds = frozenset(_KIND[p] for p in parts)
+        if "int8" in kinds and not int8_ok:
             raise ValueError("fully_connected='host-int8' needs a CPU with AVX512-VNNI and the C extension "
                              "edgeport_xnnpack._gemm; use 'auto' or 'xnnpack'")
-        return frozenset({"int8"})
+        if "conv" in kinds and not conv_ok:
+            raise ValueError("fully_connected='host-conv' needs an x86-64 CPU with AVX2 and FMA and the C "
+                             "extension edgeport_xnnpack._gemm; use 'auto' or 'xnnpack'")
+        return kinds
     if choice == "host":
-        return frozenset({"float", "int8"} if int8_ok else {"float"})
+        return frozenset({"float"} | ({"int8"} if int8_ok else set()) | ({"conv"} if conv_ok else set()))
     flags = cpu_flags() if flags is None else flags
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     kinds = set()
@@ -94,19 +104,23 @@ def resolve(choice: str, flags: set[str] | None = None) -> frozenset[str]:
         kinds.add("float")
     if x86 and "avx512_vnni" in flags and int8_ok:
         kinds.add("int8")
+    if x86 and {"avx2", "fma"} <= flags and conv_ok:
+        kinds.add("conv")
     return frozenset(kinds)
 
 
 def describe(kinds: frozenset[str]) -> str:
     """``"xnnpack"`` or ``"host (float32, int8)"``-style: where a delegate's products run."""
-    names = [name for kind, name in (("float", "float32"), ("int8", "int8")) if kind in kinds]
+    names = [name for kind, name in (("float", "float32"), ("int8", "int8"), ("conv", "float32 convolutions"))
+             if kind in kinds]
     return f"host ({', '.join(names)})" if names else "xnnpack"
 
 
 def choice_for(kinds: frozenset[str]) -> str:
     """The option value that selects exactly ``kinds``."""
-    return {frozenset(): "xnnpack", frozenset({"float"}): "host-float", frozenset({"int8"}): "host-int8"}.get(
-        kinds, "host")
+    if not kinds:
+        return "xnnpack"
+    return "+".join(choice for choice, kind in _KIND.items() if kind in kinds)
 
 
 def _float(v: TensorValue) -> bool:
@@ -162,6 +176,10 @@ def product_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple
         mkn = _host_qs8.qs8_dims(n, values, dims, const)
         if mkn is not None:
             return "int8", mkn
+    if "conv" in kinds:
+        mkn = _host_conv.conv_dims(n, values, dims, const)
+        if mkn is not None:
+            return "conv", mkn
     return None
 
 
@@ -179,7 +197,7 @@ def holds_filter(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple
                  kinds: frozenset[str]) -> bool:
     """The host op of ``n`` keeps its own packed filter and bias (the executor need not keep the blob's)."""
     p = product_dims(n, values, dims, const, kinds)
-    return p is not None and (p[0] == "int8" or packs_filter(p[1]))
+    return p is not None and (p[0] in ("int8", "conv") or packs_filter(p[1]))
 
 
 def product_op(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
@@ -191,6 +209,8 @@ def product_op(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[i
     out_shape = dims[n.outputs()[0]]
     if p[0] == "int8":
         return _host_qs8.qs8_op(n, p[1], dims, values, const, pool)
+    if p[0] == "conv":
+        return _host_conv.conv_op(n, dims, const, pool, _host_conv.kernel_level())
     return gemm_op(n, p[1], out_shape, pool, const)
 
 

@@ -52,12 +52,13 @@ class XnnpackRuntimeOptions(RuntimeOptions):
     every core available to the process. Set here, it overrides the compile option: the thread count is a
     property of the machine a program runs on, not of the program.
 
-    ``fully_connected``: where fully-connected layers and 1x1 convolutions run -- ``"xnnpack"`` (in the delegate's
-    XNNPACK runtimes), ``"host"`` (edgeport's own kernels, tiled on the delegate's thread pool: float32 ones, and
-    int8 ones where the CPU has AVX512-VNNI), ``"host-float"`` / ``"host-int8"`` (only those), or ``"auto"`` (the
-    default: float32 on the host on x86-64 CPUs with AVX2 but no AVX-512, int8 on the host on CPUs with
-    AVX512-VNNI -- where the 2022 libXNNPACK's kernels are slow; see ``docs/backends/xnnpack.md``, "Speed by CPU
-    kind").
+    ``fully_connected``: where fully-connected layers and convolutions run -- ``"xnnpack"`` (in the delegate's
+    XNNPACK runtimes), ``"host"`` (edgeport's own kernels, tiled on the delegate's thread pool: float32
+    fully-connected and 1x1 ones, float32 dense convolutions, and int8 ones where the CPU has AVX512-VNNI),
+    ``"host-float"`` / ``"host-conv"`` / ``"host-int8"`` (only those; ``+`` combines them), or ``"auto"`` (the
+    default: float32 fully-connected on the host on x86-64 CPUs with AVX2 but no AVX-512, float32 dense
+    convolutions on CPUs with AVX2 and FMA, int8 on CPUs with AVX512-VNNI -- where the 2022 libXNNPACK's kernels
+    are slow; see ``docs/backends/xnnpack.md``, "Speed by CPU kind").
     """
 
     num_threads: int = 0
@@ -67,6 +68,11 @@ class XnnpackRuntimeOptions(RuntimeOptions):
         n = self.num_threads
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
             raise ValueError(f"XnnpackRuntimeOptions.num_threads must be an int in 0..1024, got {n!r}")
-        if self.fully_connected not in ("auto", "xnnpack", "host", "host-float", "host-int8"):
-            raise ValueError("XnnpackRuntimeOptions.fully_connected must be 'auto', 'xnnpack', 'host', 'host-float' "
-                             f"or 'host-int8', got {self.fully_connected!r}")
+        fc = self.fully_connected
+        parts = fc.split("+") if isinstance(fc, str) else [None]
+        single = ("auto", "xnnpack", "host", "host-float", "host-int8", "host-conv")
+        if not (len(parts) == 1 and parts[0] in single) and not (
+                len(parts) > 1 and all(p in ("host-float", "host-int8", "host-conv") for p in parts)):
+            raise ValueError("XnnpackRuntimeOptions.fully_connected must be 'auto', 'xnnpack', 'host', 'host-float', "
+                             "'host-int8', 'host-conv' or a '+'-joined combination of the last three (e.g. "
+                             f"'host-float+host-conv'), got {fc!r}")

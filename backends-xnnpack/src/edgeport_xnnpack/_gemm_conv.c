@@ -1,0 +1,258 @@
+/* edgeport_xnnpack._gemm, float32 dense convolution part: conv_packed and conv_isa (see below).
+ *
+ * Debian's 2022 libXNNPACK runs float32 convolutions on AVX-512 CPUs with its 7x16 igemm micro-kernel (one zmm of
+ * output channels, 7 accumulators: FMA latency is not hidden), where ExecuTorch's 2025 XNNPACK runs a 7x32 one (14
+ * accumulators); ResNet-18's 3x3 convolutions take 1.25-1.7x ExecuTorch's time in the 2022 library on this kind of
+ * host. conv_packed is a stand-in for the newer kernel: the same indirect GEMM (each output pixel reads, for every
+ * kernel tap in (ky, kx) order, the input pixel's channels -- or a zero row where the tap falls in the padding),
+ * each output element accumulated as libXNNPACK does -- bias, then one fused multiply-add per (tap, channel) in
+ * that order -- then clamped (max with lo, min with hi), so its results are bit-identical to libXNNPACK's.
+ *
+ * AVX-512: 7 pixels x 32 channels per micro-kernel call; AVX2 + FMA: 6 x 16. The filter is packed once at load as
+ * [ceil(n/NR)][taps][c][NR] floats (zero-padded), the bias as ceil(n/NR)*NR; the taps' input offsets (in floats
+ * from the input's start, -1: padding) as [ceil(m/MR)][taps][MR], the last tile's missing pixels repeating its last
+ * pixel, so the kernel only adds the input pointer. Work items: one panel of NR channels x a block of pixel tiles,
+ * panel-major (threads share a panel's weights in cache), on the executor's pthreadpool.
+ */
+#include "_gemm_common.h"
+#include <math.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CONV_GEMM 1
+
+struct conv_job {
+    const float *x, *w, *bias, *zero;
+    const int64_t *offsets;
+    float *out;
+    Py_ssize_t m, taps, c, n, mr, nr, tiles_per_item, row_items;
+    float lo, hi;
+};
+
+#define CONV_PTRS(MR)                                                                                      \
+    const float *a[MR];                                                                                    \
+    for (int r = 0; r < MR; r++) {                                                                         \
+        int64_t o = off[r];                                                                                \
+        a[r] = o < 0 ? j->zero : j->x + o;                                                                 \
+    }                                                                                                      \
+    off += MR;
+
+__attribute__((target("avx512f"))) static void conv_7x32(const struct conv_job *j, Py_ssize_t tile, Py_ssize_t p) {
+    const Py_ssize_t c = j->c, c0 = p * 32;
+    const float *w = j->w + p * j->taps * c * 32;
+    const int64_t *off = j->offsets + tile * j->taps * 7;
+    __m512 b0 = _mm512_loadu_ps(j->bias + c0), b1 = _mm512_loadu_ps(j->bias + c0 + 16);
+    __m512 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1, c30 = b0, c31 = b1, c40 = b0, c41 = b1,
+           c50 = b0, c51 = b1, c60 = b0, c61 = b1;
+    for (Py_ssize_t t = 0; t < j->taps; t++) {
+        CONV_PTRS(7)
+        for (Py_ssize_t i = 0; i < c; i++) {
+            __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+            w += 32;
+            __m512 v = _mm512_set1_ps(a[0][i]);
+            c00 = _mm512_fmadd_ps(v, w0, c00);
+            c01 = _mm512_fmadd_ps(v, w1, c01);
+            v = _mm512_set1_ps(a[1][i]);
+            c10 = _mm512_fmadd_ps(v, w0, c10);
+            c11 = _mm512_fmadd_ps(v, w1, c11);
+            v = _mm512_set1_ps(a[2][i]);
+            c20 = _mm512_fmadd_ps(v, w0, c20);
+            c21 = _mm512_fmadd_ps(v, w1, c21);
+            v = _mm512_set1_ps(a[3][i]);
+            c30 = _mm512_fmadd_ps(v, w0, c30);
+            c31 = _mm512_fmadd_ps(v, w1, c31);
+            v = _mm512_set1_ps(a[4][i]);
+            c40 = _mm512_fmadd_ps(v, w0, c40);
+            c41 = _mm512_fmadd_ps(v, w1, c41);
+            v = _mm512_set1_ps(a[5][i]);
+            c50 = _mm512_fmadd_ps(v, w0, c50);
+            c51 = _mm512_fmadd_ps(v, w1, c51);
+            v = _mm512_set1_ps(a[6][i]);
+            c60 = _mm512_fmadd_ps(v, w0, c60);
+            c61 = _mm512_fmadd_ps(v, w1, c61);
+        }
+    }
+    __m512 acc[7][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}};
+    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
+    Py_ssize_t cols = j->n - c0 < 32 ? j->n - c0 : 32, r0 = tile * 7;
+    __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
+    __mmask16 m1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols > 16 ? (1u << (cols - 16)) - 1u : 0u);
+    for (Py_ssize_t r = 0; r < 7 && r0 + r < j->m; r++) {
+        float *o = j->out + (r0 + r) * j->n + c0;
+        _mm512_mask_storeu_ps(o, m0, _mm512_min_ps(_mm512_max_ps(acc[r][0], lo), hi));
+        _mm512_mask_storeu_ps(o + 16, m1, _mm512_min_ps(_mm512_max_ps(acc[r][1], lo), hi));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job *j, Py_ssize_t tile, Py_ssize_t p) {
+    const Py_ssize_t c = j->c, c0 = p * 16;
+    const float *w = j->w + p * j->taps * c * 16;
+    const int64_t *off = j->offsets + tile * j->taps * 6;
+    __m256 b0 = _mm256_loadu_ps(j->bias + c0), b1 = _mm256_loadu_ps(j->bias + c0 + 8);
+    __m256 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1, c30 = b0, c31 = b1, c40 = b0, c41 = b1,
+           c50 = b0, c51 = b1;
+    for (Py_ssize_t t = 0; t < j->taps; t++) {
+        CONV_PTRS(6)
+        for (Py_ssize_t i = 0; i < c; i++) {
+            __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+            w += 16;
+            __m256 v = _mm256_broadcast_ss(a[0] + i);
+            c00 = _mm256_fmadd_ps(v, w0, c00);
+            c01 = _mm256_fmadd_ps(v, w1, c01);
+            v = _mm256_broadcast_ss(a[1] + i);
+            c10 = _mm256_fmadd_ps(v, w0, c10);
+            c11 = _mm256_fmadd_ps(v, w1, c11);
+            v = _mm256_broadcast_ss(a[2] + i);
+            c20 = _mm256_fmadd_ps(v, w0, c20);
+            c21 = _mm256_fmadd_ps(v, w1, c21);
+            v = _mm256_broadcast_ss(a[3] + i);
+            c30 = _mm256_fmadd_ps(v, w0, c30);
+            c31 = _mm256_fmadd_ps(v, w1, c31);
+            v = _mm256_broadcast_ss(a[4] + i);
+            c40 = _mm256_fmadd_ps(v, w0, c40);
+            c41 = _mm256_fmadd_ps(v, w1, c41);
+            v = _mm256_broadcast_ss(a[5] + i);
+            c50 = _mm256_fmadd_ps(v, w0, c50);
+            c51 = _mm256_fmadd_ps(v, w1, c51);
+        }
+    }
+    __m256 acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    const __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi);
+    Py_ssize_t cols = j->n - c0 < 16 ? j->n - c0 : 16, r0 = tile * 6;
+    for (Py_ssize_t r = 0; r < 6 && r0 + r < j->m; r++) {
+        float *o = j->out + (r0 + r) * j->n + c0;
+        __m256 v0 = _mm256_min_ps(_mm256_max_ps(acc[r][0], lo), hi);
+        __m256 v1 = _mm256_min_ps(_mm256_max_ps(acc[r][1], lo), hi);
+        if (cols == 16) {
+            _mm256_storeu_ps(o, v0);
+            _mm256_storeu_ps(o + 8, v1);
+        } else {
+            float tmp[16];
+            _mm256_storeu_ps(tmp, v0);
+            _mm256_storeu_ps(tmp + 8, v1);
+            memcpy(o, tmp, (size_t)cols * sizeof(float));
+        }
+    }
+}
+
+/* item = (panel, block of pixel tiles), panel-major */
+static void conv_item(void *ctx, size_t index) {
+    const struct conv_job *j = ctx;
+    Py_ssize_t p = (Py_ssize_t)index / j->row_items, block = (Py_ssize_t)index % j->row_items;
+    Py_ssize_t tiles = (j->m + j->mr - 1) / j->mr, t0 = block * j->tiles_per_item;
+    Py_ssize_t t1 = t0 + j->tiles_per_item < tiles ? t0 + j->tiles_per_item : tiles;
+    for (Py_ssize_t t = t0; t < t1; t++) {
+        if (j->mr == 7)
+            conv_7x32(j, t, p);
+        else
+            conv_6x16(j, t, p);
+    }
+}
+#endif
+
+/* 2: AVX-512 (7x32), 1: AVX2 + FMA (6x16), 0: neither (or not built for this architecture) */
+static int isa_level(void) {
+#ifdef CONV_GEMM
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return 1;
+#endif
+    return 0;
+}
+
+PyObject *conv_isa(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) { return PyLong_FromLong(isa_level()); }
+
+PyObject *conv_packed(PyObject *Py_UNUSED(module), PyObject *args) {
+    unsigned long long parallelize, pool;
+    PyObject *x_obj, *w_obj, *b_obj, *zero_obj, *off_obj, *out_obj;
+    Py_ssize_t x_len, m, taps, c, n, threads;
+    int level;
+    double lo, hi;
+    if (!PyArg_ParseTuple(args, "KKiOnOOOOOnnnnddn:conv_packed", &parallelize, &pool, &level, &x_obj, &x_len, &w_obj,
+                          &b_obj, &zero_obj, &off_obj, &out_obj, &m, &taps, &c, &n, &lo, &hi, &threads))
+        return NULL;
+#ifndef CONV_GEMM
+    PyErr_SetString(PyExc_RuntimeError, "conv_packed: not built for this CPU architecture");
+    return NULL;
+#else
+    if (level < 1 || level > isa_level()) {
+        PyErr_Format(PyExc_RuntimeError, "conv_packed: kernel level %d is not available on this CPU (it runs %d)",
+                     level, isa_level());
+        return NULL;
+    }
+    Py_ssize_t mr = level == 2 ? 7 : 6, nr = level == 2 ? 32 : 16;
+    if (m < 1 || taps < 1 || c < 1 || n < 1 || threads < 1 || x_len < c || taps > PY_SSIZE_T_MAX / c / nr
+            || m > PY_SSIZE_T_MAX / n || m > PY_SSIZE_T_MAX / taps - mr) {
+        PyErr_Format(PyExc_ValueError, "conv_packed: bad sizes m=%zd taps=%zd c=%zd n=%zd threads=%zd", m, taps, c, n,
+                     threads);
+        return NULL;
+    }
+    if (pool && !parallelize) {
+        PyErr_SetString(PyExc_ValueError, "conv_packed: null pthreadpool_parallelize_1d address");
+        return NULL;
+    }
+    if (isnan(lo) || isnan(hi) || lo > hi) {
+        PyErr_Format(PyExc_ValueError, "conv_packed: bad output range (%g, %g)", lo, hi);
+        return NULL;
+    }
+    Py_ssize_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
+    Py_buffer x, w, b, zero, off, out;
+    Py_buffer *held[6] = {&x, &w, &b, &zero, &off, &out};
+    int got = 0;
+    if (typed_buffer(x_obj, &x, 0, x_len, "f", 4, "conv_packed: input") < 0)
+        goto fail;
+    got++;
+    if (typed_buffer(w_obj, &w, 0, panels * taps * c * nr, "f", 4, "conv_packed: packed filter") < 0)
+        goto fail;
+    got++;
+    if (typed_buffer(b_obj, &b, 0, panels * nr, "f", 4, "conv_packed: packed bias") < 0)
+        goto fail;
+    got++;
+    if (typed_buffer(zero_obj, &zero, 0, c, "f", 4, "conv_packed: zero row") < 0)
+        goto fail;
+    got++;
+    if (typed_buffer(off_obj, &off, 0, tiles * taps * mr, sizeof(long) == 8 ? "l" : "q", 8,
+                     "conv_packed: tap offsets (int64)") < 0)
+        goto fail;
+    got++;
+    if (typed_buffer(out_obj, &out, 1, m * n, "f", 4, "conv_packed: output") < 0)
+        goto fail;
+    got++;
+    /* every offset must leave c floats inside the input; checked here, once per call (cheap next to the product) */
+    const int64_t *offsets = off.buf;
+    for (Py_ssize_t i = 0; i < tiles * taps * mr; i++) {
+        if (offsets[i] < -1 || offsets[i] > x_len - c) {
+            PyErr_Format(PyExc_ValueError, "conv_packed: tap offset %lld outside an input of %zd floats",
+                         (long long)offsets[i], x_len);
+            goto fail;
+        }
+    }
+    struct conv_job j = {x.buf, w.buf, b.buf, zero.buf, offsets, out.buf, m, taps, c, n, mr, nr, tiles, 1,
+                         (float)lo, (float)hi};
+    size_t items = (size_t)panels;
+    if (pool && threads > 1) {
+        /* ~4 items per thread, each whole panels x a block of pixel tiles */
+        Py_ssize_t want = 4 * threads, blocks = (want + panels - 1) / panels;
+        blocks = blocks < tiles ? blocks : tiles;
+        j.tiles_per_item = (tiles + blocks - 1) / blocks;
+        j.row_items = (tiles + j.tiles_per_item - 1) / j.tiles_per_item;
+        items = (size_t)(panels * j.row_items);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (pool && threads > 1 && items > 1)
+        ((parallelize_fn)(uintptr_t)parallelize)((void *)(uintptr_t)pool, conv_item, &j, items, 0);
+    else
+        for (size_t i = 0; i < items; i++)
+            conv_item(&j, i);
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(held[i]);
+    Py_RETURN_NONE;
+fail:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(held[i]);
+    return NULL;
+#endif
+}

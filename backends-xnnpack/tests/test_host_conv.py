@@ -1,0 +1,172 @@
+"""Float32 dense convolutions on edgeport's indirect-GEMM kernel (``fully_connected="host-conv"``).
+
+Oracles: libXNNPACK's own output for the same program and inputs (``fully_connected="xnnpack"``: the kernel must
+equal it bit for bit, on its AVX-512 and its AVX2 micro-kernel, 1 and 2 threads) and eager PyTorch (tolerance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from xnn_helpers import RTOL, eager, lower_edgeport, needs_xnnpack, rel_err
+
+torch = pytest.importorskip("torch")
+
+from edgeport.runtime import Runtime  # noqa: E402
+from edgeport_xnnpack import _host_conv, _host_gemm  # noqa: E402
+from edgeport_xnnpack.options import XnnpackRuntimeOptions  # noqa: E402
+
+LEVEL = _host_conv.kernel_level()
+ISAS = [isa for isa, level in (("avx512", 2), ("avx2", 1)) if LEVEL >= level]
+needs_kernel = pytest.mark.skipif(LEVEL == 0, reason="no C extension or no AVX2/FMA: the kernel does not run here")
+
+
+class _Count:
+    """Counts the convolutions that became host ops (every eligible one, however small)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        real = _host_conv.conv_op
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(_host_conv, "conv_op", counting)
+        monkeypatch.setattr(_host_gemm, "MIN_MACS", 0)
+
+
+def _convs() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    from torch import nn
+
+    torch.manual_seed(0)
+    # a 7x7 stride-2 stem over 3 channels, 3x3 stride 1 and 2, a 5x5 with uneven pads, channel counts that are not
+    # multiples of 16 or 32 (output tails), pixel counts that are not multiples of 6 or 7 (pixel tails), ReLU6 clamps
+    model = nn.Sequential(nn.Conv2d(3, 40, 7, 2, 3, bias=False), nn.BatchNorm2d(40), nn.ReLU(),
+                          nn.Conv2d(40, 40, 3, 1, 1), nn.ReLU6(), nn.Conv2d(40, 72, 3, 2, 1),
+                          nn.ZeroPad2d((2, 1, 0, 2)), nn.Conv2d(72, 20, 5, 1, (2, 1)), nn.Hardtanh(-0.5, 0.5),
+                          nn.Conv2d(20, 33, 1, 2)).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return model, (torch.randn(2, 3, 45, 38),)
+
+
+def _run(pte: bytes, args: tuple, choice: str, threads: int) -> np.ndarray:
+    method = Runtime.get().load_program(pte).load_method(
+        "forward", backend_options={"XnnpackBackend": {"fully_connected": choice, "num_threads": threads}})
+    return method.execute([a.numpy() for a in args])[0]
+
+
+@needs_xnnpack
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_convolutions_equal_libxnnpack_bit_for_bit_and_eager(isa, monkeypatch):
+    monkeypatch.setenv(_host_conv.ISA_ENV, isa)
+    model, args = _convs()
+    ref = eager(model, args)
+    _, pte, _ = lower_edgeport(model, args)
+    theirs = _run(pte, args, "xnnpack", 1)
+    count = _Count(monkeypatch)
+    for threads in (1, 2):
+        ours = _run(pte, args, "host-conv", threads)
+        np.testing.assert_array_equal(ours, theirs)
+        assert rel_err(ours, ref) < RTOL
+    assert count.calls == 2 * 5  # per load: every convolution (the 1x1 stride-2 one too)
+
+
+@needs_xnnpack
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_resnet18_with_its_convolutions_on_the_host_equals_libxnnpack(isa, monkeypatch):
+    from xnn_zoo import resnet18
+
+    monkeypatch.setenv(_host_conv.ISA_ENV, isa)
+    model, args = resnet18(64)
+    ref = eager(model, args)
+    _, pte, _ = lower_edgeport(model, args)
+    theirs = _run(pte, args, "xnnpack", 1)
+    count = _Count(monkeypatch)
+    ours = {threads: _run(pte, args, "auto", threads) for threads in (1, 2)}
+    assert count.calls == 2 * 20  # the stem, 16 3x3 convolutions and 3 1x1 stride-2 projections, per load
+    for out in ours.values():
+        np.testing.assert_array_equal(out, theirs)
+    assert rel_err(ours[1], ref) < RTOL
+
+
+def test_tap_offsets_point_at_the_pixels_numpy_indexes():
+    # batch 2, 5x4 input, 3 channels, 3x3 kernel, stride 2, pads top 1 left 0 -> 3x2 output, 6 pixels per tile
+    geometry = (2, 5, 4, 3, 3, 3, 2, 2, 1, 0, 3, 2)
+    off = _host_conv.tap_offsets(geometry, 7)
+    assert off.shape == (2, 9, 7)  # 12 pixels in tiles of 7: the second tile repeats its last pixel twice
+    x = np.arange(2 * 5 * 4 * 3, dtype=np.int64).reshape(2, 5, 4, 3)
+    padded = np.full((2, 7, 6, 3), -1, np.int64)  # pads: 1 top, 1 bottom (enough), 0 left, 2 right
+    padded[:, 1:6, 0:4] = x
+    flat = off.transpose(0, 2, 1).reshape(14, 9)
+    for p in range(14):
+        b, oy, ox = np.unravel_index(min(p, 11), (2, 3, 2))
+        for t in range(9):
+            ky, kx = divmod(t, 3)
+            want = padded[b, oy * 2 + ky, ox * 2 + kx, 0]
+            assert flat[p, t] == want  # the first channel's offset is its value; -1 in the padding
+
+
+@needs_kernel
+@pytest.mark.parametrize("change, message", [
+    ({"level": 3}, "kernel level 3 is not available"),
+    ({"x_len": 2}, "bad sizes"),
+    ({"w": np.zeros(10, np.float32)}, "packed filter holds 10 items"),
+    ({"zero": np.zeros(2, np.float32)}, "zero row holds 2 items, 4 needed"),
+    ({"offsets": np.zeros(162, np.int32)}, "tap offsets \\(int64\\) must be a C-contiguous buffer"),
+    ({"offsets": np.full(162, 61, np.int64)}, "tap offset 61 outside an input of 64 floats"),
+    ({"offsets": np.full(162, -2, np.int64)}, "tap offset -2 outside"),
+    ({"out": np.zeros(8, np.float32)}, "output holds 8 items"),
+    ({"lo": 1.0, "hi": 0.0}, "bad output range"),
+    ({"pool": 7}, "pthreadpool_parallelize_1d"),
+])
+def test_kernel_refuses_bad_arguments_before_touching_memory(change, message):
+    from edgeport_xnnpack import _gemm
+
+    level = 1
+    mr, nr = 6, 16
+    # 4x4 input of 4 channels, 3x3 kernel, 8 output channels: 16 pixels, 9 taps, 3 tiles of 6
+    kw = {"parallelize": 0, "pool": 0, "level": level, "x": np.zeros(64, np.float32), "x_len": 64,
+          "w": np.zeros(9 * 4 * nr, np.float32), "b": np.zeros(nr, np.float32), "zero": np.zeros(4, np.float32),
+          "offsets": np.zeros(3 * 9 * mr, np.int64), "out": np.zeros(16 * 8, np.float32), "m": 16, "taps": 9, "c": 4,
+          "n": 8, "lo": -np.inf, "hi": np.inf, "threads": 1}
+    _gemm.conv_packed(*kw.values())  # the unchanged arguments run
+    kw.update(change)
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=message):
+        _gemm.conv_packed(*kw.values())
+
+
+def test_the_option_names_the_convolution_choice_and_refuses_unknown_ones():
+    assert XnnpackRuntimeOptions(fully_connected="host-float+host-conv").fully_connected == "host-float+host-conv"
+    for bad in ("host-conv+auto", "conv", "host-conv+"):
+        with pytest.raises(ValueError, match="'host-conv' or a '\\+'-joined combination"):
+            XnnpackRuntimeOptions(fully_connected=bad)
+
+
+def test_the_isa_switch_refuses_unknown_values(monkeypatch):
+    monkeypatch.setenv(_host_conv.ISA_ENV, "sse")
+    with pytest.raises(ValueError, match="must be 'avx2', 'avx512' or unset"):
+        _host_conv.kernel_level()
+
+
+@needs_xnnpack
+@needs_kernel
+def test_auto_runs_convolutions_on_the_host_and_says_so():
+    from edgeport.program import load_pte
+    from edgeport_xnnpack.runtime import XnnpackExecutor
+
+    model, args = torch.nn.Conv2d(32, 64, 3, 1, 1).eval(), (torch.randn(1, 32, 28, 28),)
+    lp = load_pte(lower_edgeport(model, args)[1])
+    ex = XnnpackExecutor(num_threads=1)
+    h = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data, runtime_options=XnnpackRuntimeOptions())
+    try:
+        assert "float32 convolutions" in h.summary["fully_connected"] and h.summary["host_steps"] >= 1
+        (out,) = ex.execute(h, [args[0].numpy()])
+        assert rel_err(out, eager(model, args)) < RTOL
+    finally:
+        ex.destroy(h)
