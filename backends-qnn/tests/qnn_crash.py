@@ -20,3 +20,14 @@ def segfault_when_serializing(recipe: Any, soc_model: int | None, want_binary: b
     if want_binary:
         os.kill(os.getpid(), signal.SIGSEGV)
     return finalize_recipe(recipe, soc_model, want_binary)
+
+
+def refuse_two_multiplies(recipe: Any, soc_model: int | None, want_binary: bool) -> Any:
+    """Refuse (as QNN refuses some graphs only when it prepares them whole) every graph holding two or more
+    ``ElementWiseMultiply`` nodes, without naming a node; finalize the others for real."""
+    from edgeport_qnn.isolated import finalize_recipe
+    from edgeport_qnn.sdk import QnnError
+
+    if sum(op == "ElementWiseMultiply" for op in recipe.qnn_ops()) >= 2:
+        raise QnnError("graphFinalize 'forward' failed (planted refusal)", 1002)
+    return finalize_recipe(recipe, soc_model, want_binary)

@@ -33,7 +33,7 @@ def _headers(program) -> list:
 
 
 class _QuantThenFloat(torch.nn.Module):
-    """linear + relu (quantized by QnnQuantizer), sin (not a QNN op: the CPU), then exp and a division, which
+    """linear + relu (quantized by QnnQuantizer), atan (not a QNN op: the CPU), then exp and a division, which
     QnnQuantizer leaves in float: a quantized and a float32 QnnBackend partition in one program."""
 
     def __init__(self) -> None:
@@ -41,7 +41,7 @@ class _QuantThenFloat(torch.nn.Module):
         self.fc = torch.nn.Linear(16, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.exp(torch.sin(torch.relu(self.fc(x)))) / 3.0
+        return torch.exp(torch.atan(torch.relu(self.fc(x)))) / 3.0
 
 
 def _sqnr(got: np.ndarray, want: np.ndarray) -> float:
@@ -109,15 +109,24 @@ def test_a_crash_while_checking_nodes_becomes_a_rejection(monkeypatch):
     np.testing.assert_allclose(_run(program, inputs), model(*inputs).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_a_crash_while_lowering_a_partition_is_a_lowering_error(monkeypatch):
+def test_a_crash_while_lowering_a_partition_moves_it_to_the_cpu_or_is_a_lowering_error(monkeypatch):
     import qnn_crash
 
-    from edgeport_qnn import QnnPartitioner, isolated
+    from edgeport_qnn import QnnPartitioner, isolated, preprocess
 
     monkeypatch.setattr(isolated, "_ENTRY", qnn_crash.segfault_when_serializing)
+    monkeypatch.setattr(preprocess, "_FINALIZED", {})
     model, inputs = build("mlp")
+    # the partitioner test-finalizes each partition: the crash refuses it, naming the signal, and the CPU runs it
+    p = QnnPartitioner()
+    program = edgeport.to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=[p])
+    assert p.refusals and all(r.signal == "SIGSEGV" for r in p.refusals)
+    assert p.rejections and all("killed by SIGSEGV" in why for why in p.rejections.values()), p.rejections
+    np.testing.assert_allclose(_run(program, inputs), model(*inputs).detach().numpy(), rtol=1e-5, atol=1e-6)
+    # without the test compilation, the crash in preprocess is a LoweringError naming the partition
     with pytest.raises(LoweringError) as info:
-        edgeport.to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=[QnnPartitioner()])
+        edgeport.to_edge_transform_and_lower(torch.export.export(model, inputs),
+                                             partitioner=[QnnPartitioner(trial_compile=False)])
     message = str(info.value)
     assert "partition" in message and "killed by SIGSEGV" in message and "FullyConnected" in message, message
     assert "aten.linear.default" in message, message
@@ -125,6 +134,34 @@ def test_a_crash_while_lowering_a_partition_is_a_lowering_error(monkeypatch):
     got = _run(edgeport.to_edge_transform_and_lower(torch.export.export(model, inputs),
                                                     partitioner=[QnnPartitioner()]), inputs)
     np.testing.assert_allclose(got, model(*inputs).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _Multiplies(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.relu(x * 1.5) * x * 0.5 + x)
+
+
+def test_a_partition_refused_whole_shrinks_by_bisection(monkeypatch):
+    """Each node validates alone; the graph of the partition is refused only whole, with no node named: the
+    partition shrinks (bisection) until every delegate finalizes, and the program still matches eager."""
+    import qnn_crash
+
+    from edgeport_qnn import QnnPartitioner, isolated, preprocess
+
+    monkeypatch.setattr(isolated, "_ENTRY", qnn_crash.refuse_two_multiplies)
+    monkeypatch.setattr(preprocess, "_FINALIZED", {})
+    x = torch.randn(4, 16)
+    p = QnnPartitioner()
+    program = edgeport.to_edge_transform_and_lower(torch.export.export(_Multiplies(), (x,)), partitioner=[p])
+    assert p.refusals and all("bisection" in r.how and "planted refusal" in r.message for r in p.refusals)
+    moved = [name for r in p.refusals for name in r.culprits]
+    assert moved and all("planted refusal" in p.rejections[name] for name in moved)
+    gm = program.exported_program().graph_module
+    assert sum("call_delegate" in str(n.target) for n in gm.graph.nodes) >= 1
+    np.testing.assert_allclose(_run(program, (x,)), _Multiplies()(x).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(LoweringError, match="planted refusal"):
+        edgeport.to_edge_transform_and_lower(torch.export.export(_Multiplies(), (x,)),
+                                             partitioner=[QnnPartitioner(trial_compile=False)])
 
 
 class _Zero(torch.nn.Module):

@@ -63,6 +63,30 @@ def _leaky(node: Any) -> str | None:
     return None if 0.0 <= slope <= 1.0 else f"negative_slope {slope} outside [0, 1]"
 
 
+def _pow(node: Any) -> str | None:
+    e = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(e, (int, float)) or float(e) not in _POW_EXPONENTS:
+        return f"exponent {e!r}: lowered only for {sorted(_POW_EXPONENTS)} (exact products, sqrt, rsqrt, reciprocal)"
+    return _static(node)
+
+
+_POW_EXPONENTS = frozenset({1.0, 2.0, 3.0, 0.5, -0.5, -1.0})
+
+
+def _addmm(node: Any) -> str | None:
+    beta, alpha = arg(node, 3, "beta", 1), arg(node, 4, "alpha", 1)
+    if beta != 1 or alpha != 1:
+        return f"addmm with beta={beta}, alpha={alpha} (only 1, 1)"
+    return _static(node)
+
+
+def _resize(node: Any) -> str | None:
+    s = shape_of(node)
+    if s is None or len(s) != 4:
+        return "upsampling of a non-4-D tensor"
+    return _static(node)
+
+
 _pad = first_problem(non_negative_padding, _rank)
 _slice = first_problem(positive_step, _rank)
 
@@ -86,12 +110,18 @@ _TABLE = (
     OpCapability("aten.abs.default", _F, _static, "ElementWiseAbs"),
     OpCapability("aten.neg.default", _F, _static, "ElementWiseNeg"),
     OpCapability("aten.sqrt.default", _F, _static, "ElementWiseSquareRoot"),
+    OpCapability("aten.reciprocal.default", _F, _static, "ElementWiseDivide (1 / x)"),
+    OpCapability("aten.sign.default", _F, _static, "ElementWiseSign"),
+    OpCapability("aten.sin.default", _F, _static, "ElementWiseSin"),
+    OpCapability("aten.cos.default", _F, _static, "ElementWiseCos"),
+    OpCapability("aten.pow.Tensor_Scalar", _F, _pow, "exponent 1, 2, 3 (products), 0.5 / -0.5 (SquareRoot / Rsqrt), -1"),
     OpCapability("aten.rsqrt.default", _F, _static, "ElementWiseRsqrt"),
     OpCapability("aten.sigmoid.default", _F, _static, "Sigmoid"),
     OpCapability("aten.tanh.default", _F, _static, "Tanh"),
     OpCapability("aten.hardswish.default", _F, _static, "HardSwish (kept whole)"),
     OpCapability("aten.gelu.default", _F, gelu_erf_or_tanh, "from fp32 elementwise ops (erf: A&S 7.1.26; tanh form: Tanh), kept whole"),
     OpCapability("aten.linear.default", _F, _static, "FullyConnected (kept whole); constant weights"),
+    OpCapability("aten.addmm.default", _F, _addmm, "FullyConnected (constant mat2 and bias) or MatMul + ElementWiseAdd"),
     OpCapability("aten.mm.default", _F, _static, "MatMul"),
     OpCapability("aten.bmm.default", _F, _static, "MatMul (batched)"),
     OpCapability("aten.convolution.default", _F, _conv, "Conv2d / DepthWiseConv2d, NHWC; constant weights"),
@@ -100,6 +130,8 @@ _TABLE = (
     OpCapability("aten.avg_pool2d.default", _F, _avg_pool, "PoolAvg2d"),
     OpCapability("aten._adaptive_avg_pool2d.default", _F, adaptive_avg_pool_1x1, "ReduceMean over H, W; 1x1 only"),
     OpCapability("aten.mean.dim", _F, _static, "ReduceMean"),
+    OpCapability("aten.upsample_bilinear2d.vec", _F, _resize, "ResizeBilinear, NHWC (half-pixel centres or aligned corners)"),
+    OpCapability("aten.upsample_nearest2d.vec", _F, _resize, "ResizeNearestNeighbor, NHWC"),
     OpCapability("aten._softmax.default", _F, _softmax, "Softmax (other axes: Transpose around it)"),
     OpCapability("aten._log_softmax.default", _F, _softmax, "LogSoftmax (other axes: Transpose around it)"),
     OpCapability("aten.native_layer_norm.default", _F, _layer_norm, "ReduceMean + elementwise + Rsqrt (fp32); constant weight and bias"),

@@ -23,7 +23,8 @@ import numpy as np
 from edgeport.errors import LoweringError
 from edgeport_qnn.sdk.tensors import QuantParams, check_name, make_spec
 
-__all__ = ["GraphRecipe", "QnnWorkerCrash", "RecordingBuilder", "finalize_recipe", "in_process", "run_recipe", "worker_key"]
+__all__ = ["GraphRecipe", "QnnWorkerCrash", "RecordingBuilder", "finalize_recipe", "in_process", "recipe_digest",
+           "run_recipe", "worker_key"]
 
 
 @dataclass
@@ -139,6 +140,42 @@ def finalize_recipe(recipe: GraphRecipe, soc_model: int | None, want_binary: boo
         outputs = [tuple(s.shape) for s in graph.outputs]
         binary = context.context_binary() if want_binary else b""
     return Finalized(binary, outputs, backend.api_version, backend.build_id)
+
+
+def _feed(h: Any, item: Any) -> None:
+    """Hash ``item`` exactly: arrays by their bytes (never a summarized repr), containers and dataclasses by
+    their parts."""
+    import dataclasses
+
+    if isinstance(item, np.ndarray):
+        h.update(f"a{item.dtype.str}{item.shape}".encode())
+        h.update(np.ascontiguousarray(item).tobytes())
+    elif isinstance(item, dict):
+        h.update(b"{")
+        for k in sorted(item, key=repr):
+            _feed(h, k)
+            _feed(h, item[k])
+        h.update(b"}")
+    elif isinstance(item, (list, tuple)):
+        h.update(b"(")
+        for x in item:
+            _feed(h, x)
+        h.update(b")")
+    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        h.update(type(item).__name__.encode())
+        _feed(h, [getattr(item, f.name) for f in dataclasses.fields(item)])
+    else:
+        h.update(f"{type(item).__name__}:{item!r};".encode())
+
+
+def recipe_digest(recipe: GraphRecipe) -> str:
+    """A SHA-256 of everything that makes the graph (steps, static data, parameters, precision): equal digests
+    finalize to the same graph."""
+    import hashlib
+
+    h = hashlib.sha256()
+    _feed(h, (recipe.name, recipe.fp16, recipe.steps))
+    return h.hexdigest()
 
 
 def worker_key(soc_model: int | None, fp16: bool) -> str:

@@ -6,6 +6,11 @@ QNN node that lowering adds goes through ``backendValidateOpConfig`` first (the 
 A node is delegated only when the backend accepts all of them, so the partitioner never claims what the HTP
 refuses; the backend's message is the rejection reason (``partitioner.rejections``). Results are cached per op
 signature (op, argument shapes, which arguments are constants, the other arguments).
+
+Some refusals show only when the HTP prepares a larger graph (e.g. ``q::flat_from_vtcm`` allocation failures of
+fp32 graphs of some sizes): each partition is then finalized at partition time (:mod:`edgeport_qnn.trial`), and
+a refused one shrinks -- the node QNN's log names, or one found by bisection, goes to the CPU with QNN's words as
+its reason (``partitioner.refusals``) -- instead of failing the lowering.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from edgeport.aot.capability_partitioner import (
 )
 from edgeport.aot.graph_utils import placeholder_tensor
 from edgeport.aot.partitioner import PartitionResult
+from edgeport.aot.trial import Refusal, find_refusals
 from edgeport.backend import CompileSpec
 from edgeport.errors import LoweringError
 from edgeport_qnn.capabilities import (
@@ -37,7 +43,9 @@ from edgeport_qnn.capabilities import (
     QUANTIZE,
 )
 from edgeport_qnn.options import QNN_BACKEND_ID, QnnCompileOptions
+from edgeport_qnn.trial import partition_subset, qnn_trial
 
+_MAX_TRIAL_ROUNDS = 32
 _CACHE: dict[Any, str | None] = {}
 _CACHE_LOCK = threading.Lock()
 
@@ -167,7 +175,7 @@ class QnnPartitioner(CapabilityBasedPartitioner):
 
     def __init__(self, compile_specs: Sequence[CompileSpec] | QnnCompileOptions | None = None, *,
                  min_partition_size: int = 1, node_filter: NodeFilter | None = None,
-                 validate_on_backend: bool = True) -> None:
+                 validate_on_backend: bool = True, trial_compile: bool = True) -> None:
         if compile_specs is None:
             options = QnnCompileOptions()
         elif isinstance(compile_specs, QnnCompileOptions):
@@ -178,6 +186,10 @@ class QnnPartitioner(CapabilityBasedPartitioner):
                          min_partition_size=min_partition_size, node_filter=node_filter)
         self.compile_options = options
         self.validate = validate_on_backend
+        #: test-finalize each partition at partition time and move what the HTP refuses to the CPU
+        self.trial_compile = trial_compile
+        #: after :meth:`partition`: each partition the HTP refused as a whole, and the nodes moved for it
+        self.refusals: list[Refusal] = []
         self._user_filter = node_filter
         self._ep: ExportedProgram | None = None
         self._banned: dict[torch.fx.Node, str] = {}
@@ -218,17 +230,43 @@ class QnnPartitioner(CapabilityBasedPartitioner):
                      if on_soc_device(exported_program.graph, self.compile_options.use_fp16) else None)
         self.node_filter = self._check
         self._banned: dict[torch.fx.Node, str] = {}
+        self.refusals = []
+        known_good: set[frozenset[str]] = set()
         try:
-            while True:
-                result = super().partition(exported_program)
-                crossing = self._quantized_crossings(exported_program.graph)
-                crossing.update(self._constant_only(exported_program.graph))
-                if not crossing:
+            for _ in range(_MAX_TRIAL_ROUNDS):
+                result = self._partition_consistently(exported_program)
+                if not self.trial_compile:
                     return result
-                self._banned.update(crossing)  # a quantized tensor would cross a delegate boundary
+                groups: dict[str, list[torch.fx.Node]] = {}
+                for node in exported_program.graph.nodes:
+                    if node.meta.get("delegation_tag") is not None:
+                        groups.setdefault(node.meta["delegation_tag"], []).append(node)
+                try_compile = qnn_trial(exported_program, int(self.compile_options.chipset),
+                                        self.compile_options.use_fp16)
+                refusals = find_refusals(groups, try_compile, partition_subset, known_good)
+                if not refusals:
+                    return result
+                by_name = {n.name: n for n in exported_program.graph.nodes}
+                for refusal in refusals:
+                    self.refusals.append(refusal)
+                    for name in refusal.culprits:
+                        self._banned[by_name[name]] = f"{op_name(by_name[name].target)}: {refusal.reason(name)}"
+            raise LoweringError(f"QnnPartitioner: partitions still refused by the HTP after {_MAX_TRIAL_ROUNDS} "
+                                "rounds of moving nodes to the CPU (report this as a bug)")
         finally:
             self.node_filter = self._user_filter
             self._ep = None
+
+    def _partition_consistently(self, exported_program: ExportedProgram) -> PartitionResult:
+        """Tag, then untag what would make a quantized tensor cross a delegate boundary or a partition compute
+        from constants only, until stable."""
+        while True:
+            result = super().partition(exported_program)
+            crossing = self._quantized_crossings(exported_program.graph)
+            crossing.update(self._constant_only(exported_program.graph))
+            if not crossing:
+                return result
+            self._banned.update(crossing)
 
     def _constant_only(self, graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
         """Partitions that read no runtime tensor (they would compute from constants only: a QNN graph needs an

@@ -34,13 +34,35 @@ def on_soc_device(graph: Any, use_fp16: bool) -> bool:
     return use_fp16 or any(n.op == "call_function" and op_name(n.target) == QUANTIZE for n in graph.nodes)
 
 
+#: finalized graphs by (recipe digest, SoC): the partitioner's test compilation of a partition makes its
+#: ``preprocess`` free (bounded: the oldest entries go first)
+_FINALIZED: dict[tuple[str, int | None], Any] = {}
+_FINALIZED_MAX = 32
+
+
+def _remember(key: tuple[str, int | None], done: Any) -> None:
+    _FINALIZED[key] = done
+    while len(_FINALIZED) > _FINALIZED_MAX:
+        del _FINALIZED[next(iter(_FINALIZED))]
+
+
+def _origin_in_log(recipe: Any, exc: Exception) -> str:
+    """The torch node whose QNN node the library's log names (finalize errors name QNN nodes, e.g.
+    ``"elementwisemultiply_6" generated: could not create op``), or ``""``."""
+    text = str(exc) + "\n" + "\n".join(getattr(exc, "library_log", ()))
+    for qnn_node, origin in recipe.origins.items():
+        if f'"{qnn_node}"' in text or f"'{qnn_node}'" in text:
+            return origin
+    return ""
+
+
 def lower_to_qnn(edge_program: ExportedProgram, soc_model: int | None = None,
                  use_fp16: bool = False) -> tuple[Any, dict[str, Any]]:
     """Build the partition's QNN graph (recorded here, see :mod:`edgeport_qnn.isolated`), then validate, finalize
     and serialize it in the worker of its HTP configuration (the device of ``soc_model``, ``None``: the default
     device; ``use_fp16``: HTP fp16 graph precision); returns (``Finalized``, summary)."""
     from edgeport.aot.capability_partitioner import op_name
-    from edgeport_qnn.isolated import RecordingBuilder, run_recipe
+    from edgeport_qnn.isolated import RecordingBuilder, recipe_digest, run_recipe
     from edgeport_qnn.sdk import QnnError
 
     builder = RecordingBuilder(GRAPH_NAME, fp16=use_fp16)
@@ -73,13 +95,17 @@ def lower_to_qnn(edge_program: ExportedProgram, soc_model: int | None = None,
             raise LoweringError(f"{node.name} ({node.target}): {exc}") from exc
     ops = sorted({op_name(n.target) for n in graph.nodes if n.op == "call_function"})
     what = f"the partition's graph (torch ops: {', '.join(ops)})"
-    try:
-        done = run_recipe(builder.recipe, soc_model, want_binary=True, what=what)
-    except QnnError as exc:
-        origin = builder.recipe.origins.get(getattr(exc, "qnn_node", ""), "")
-        if origin:
-            raise LoweringError(f"{origin}: the QNN backend refused its lowering: {exc}") from None
-        raise LoweringError(f"QNN could not finalize the partition's graph: {exc}") from None
+    key = (recipe_digest(builder.recipe), soc_model)
+    done = _FINALIZED.get(key)
+    if done is None:
+        try:
+            done = run_recipe(builder.recipe, soc_model, want_binary=True, what=what)
+        except QnnError as exc:
+            origin = builder.recipe.origins.get(getattr(exc, "qnn_node", ""), "") or _origin_in_log(builder.recipe, exc)
+            if origin:
+                raise LoweringError(f"{origin}: the QNN backend refused its lowering: {exc}") from None
+            raise LoweringError(f"QNN could not finalize the partition's graph: {exc}") from None
+        _remember(key, done)
     outputs = [{"shape": list(s), "dtype": "float32"} for s in done.outputs]
     return done, {"ops": dict(sorted(lowering.op_counts.items())), "inputs": inputs, "outputs": outputs}
 

@@ -11,12 +11,13 @@ from edgeport_qnn.preprocess.ops import (
     pool,
     quant,
     reduce,
+    resize,
     shape,
     softmax,
 )
 
 LOWERINGS = {}
-for _module in (activation, conv, elementwise, linear, norm, pool, quant, reduce, shape, softmax):
+for _module in (activation, conv, elementwise, linear, norm, pool, quant, reduce, resize, shape, softmax):
     LOWERINGS.update(_module.LOWERINGS)
 #: the quantized forms that differ from the float lowering (the others run unchanged on quantized tensors)
 QUANTIZED_LOWERINGS = dict(quant.QUANTIZED_LOWERINGS)

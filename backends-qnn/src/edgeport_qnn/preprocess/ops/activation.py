@@ -50,6 +50,29 @@ def gelu(lw: Lowering, node: torch.fx.Node) -> Val:
     return lw.binary("ElementWiseMultiply", half, x.name)
 
 
+def pow_scalar(lw: Lowering, node: torch.fx.Node) -> Val:
+    """``x ** e`` for the exponents the capability table admits, from exact ops: 1, 2, 3 (products), 0.5
+    (``ElementWiseSquareRoot``), -0.5 (``ElementWiseRsqrt``), -1 (``1 / x``)."""
+    x = lw.value(node.args[0])
+    e = float(node.args[1])
+    if e == 1.0:
+        return lw.binary("ElementWiseMultiply", x, 1.0)
+    if e in (2.0, 3.0):
+        sq = lw.binary("ElementWiseMultiply", x, x.name)
+        return sq if e == 2.0 else lw.binary("ElementWiseMultiply", sq, x.name)
+    if e == 0.5:
+        return lw.unary("ElementWiseSquareRoot", x)
+    if e == -0.5:
+        return lw.unary("ElementWiseRsqrt", x)
+    return reciprocal(lw, node)
+
+
+def reciprocal(lw: Lowering, node: torch.fx.Node) -> Val:
+    x = lw.value(node.args[0])
+    return lw.node("ElementWiseDivide", [lw.scalar(1.0, len(x.shape)), x.name], x.qnn_shape, nhwc=x.nhwc,
+                   logical=x.shape)
+
+
 def clamp(lw: Lowering, node: torch.fx.Node) -> Val:
     x = lw.value(node.args[0])
     lo, hi = arg(node, 1, "min", None), arg(node, 2, "max", None)
@@ -74,6 +97,11 @@ LOWERINGS = {
     "aten.exp.default": _unary("ElementWiseExp"),
     "aten.abs.default": _unary("ElementWiseAbs"),
     "aten.neg.default": _unary("ElementWiseNeg"),
+    "aten.reciprocal.default": reciprocal,
+    "aten.sign.default": _unary("ElementWiseSign"),
+    "aten.sin.default": _unary("ElementWiseSin"),
+    "aten.cos.default": _unary("ElementWiseCos"),
+    "aten.pow.Tensor_Scalar": pow_scalar,
     "aten.sqrt.default": _unary("ElementWiseSquareRoot"),
     "aten.rsqrt.default": _unary("ElementWiseRsqrt"),
     "aten.hardtanh.default": _unary("ReluMinMax", _hardtanh_params),

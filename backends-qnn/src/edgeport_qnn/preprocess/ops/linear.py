@@ -1,4 +1,4 @@
-"""linear (``FullyConnected``, inputs of any rank flattened to 2-D), mm / bmm (``MatMul``)."""
+"""linear (``FullyConnected``, inputs of any rank flattened to 2-D), addmm, mm / bmm (``MatMul``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from edgeport.errors import LoweringError
 from edgeport_qnn.preprocess.lowering import Lowering, Val, static_shape
+from edgeport_qnn.preprocess.ops._common import operand
 
 
 def linear(lw: Lowering, node: torch.fx.Node) -> Val:
@@ -27,10 +28,26 @@ def linear(lw: Lowering, node: torch.fx.Node) -> Val:
     return y if len(out) == 2 else lw.node("Reshape", [y.name], out)
 
 
+def addmm(lw: Lowering, node: torch.fx.Node) -> Val:
+    """``bias + mat1 @ mat2`` (GPT-2's ``Conv1D``): ``FullyConnected`` when ``mat2`` is constant (its transpose is
+    the weight) and the bias a constant vector, else ``MatMul`` + ``ElementWiseAdd``."""
+    bias_node, a_node, b_node = node.args[0], node.args[1], node.args[2]
+    out = static_shape(node)
+    a = lw.nchw(lw.value(a_node))
+    w, b = lw.const(b_node), lw.const(bias_node)
+    if w is not None and b is not None and np.asarray(b).reshape(-1).shape == (out[-1],):
+        ins = [a.name, lw.static(np.ascontiguousarray(np.asarray(w, np.float32).T), "weight"),
+               lw.static(np.asarray(b, np.float32).reshape(-1), "bias")]
+        return lw.node("FullyConnected", ins, out, {"keep_dims": False})
+    mat2 = lw.nchw(lw.value(b_node))
+    prod = lw.node("MatMul", [a.name, mat2.name], out, {"transpose_in0": False, "transpose_in1": False})
+    return lw.node("ElementWiseAdd", [prod.name, operand(lw, bias_node, len(out), False)], out)
+
+
 def matmul(lw: Lowering, node: torch.fx.Node) -> Val:
     a = lw.nchw(lw.value(node.args[0]))
     b = lw.nchw(lw.value(node.args[1]))
     return lw.node("MatMul", [a.name, b.name], static_shape(node), {"transpose_in0": False, "transpose_in1": False})
 
 
-LOWERINGS = {"aten.linear.default": linear, "aten.mm.default": matmul, "aten.bmm.default": matmul}
+LOWERINGS = {"aten.linear.default": linear, "aten.addmm.default": addmm, "aten.mm.default": matmul, "aten.bmm.default": matmul}
