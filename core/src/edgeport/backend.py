@@ -52,6 +52,10 @@ class PreprocessResult:
     processed_bytes: bytes = b""
     debug_handle_map: dict[int | str, tuple[int, ...]] | None = None
     data_store_output: Any = None
+    constant_inputs: tuple[Any, ...] = ()
+    """Tensors the blob reads at run time by pointer: the program stores each as a constant tensor and passes
+    them to the delegate call after the partition's own inputs (runtimes keep constant tensors alive for the
+    program's life, while ExecuTorch 1.3.1 frees a delegate's named data after ``init``)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from edgeport.errors import LoweringError
 from edgeport_xnnpack.options import XnnpackCompileOptions
 from edgeport_xnnpack.preprocess import dynamic, passes
 from edgeport_xnnpack.preprocess.builder import NCHW, GraphBuilder, Val
+from edgeport_xnnpack.preprocess.constant_inputs import externalize_unpacked
 from edgeport_xnnpack.preprocess.named_constants import external_tag_of, move_constants_to_named_data
 from edgeport_xnnpack.preprocess.quantized import QuantPlan
 from edgeport_xnnpack.preprocess.registry import LOWERINGS
@@ -212,9 +213,10 @@ def preprocess(edge_program: ExportedProgram, compile_specs: Sequence[CompileSpe
         tag = external_tag_of(edge_program)
     except ValueError as exc:
         raise LoweringError(str(exc)) from exc
+    constant_inputs = externalize_unpacked(graph, data)
     named = move_constants_to_named_data(graph, data, tag)
     return PreprocessResult(processed_bytes=serialize(graph, b""), debug_handle_map=delegate_map(graph),
-                            data_store_output=named)
+                            data_store_output=named, constant_inputs=tuple(constant_inputs))
 
 
 def delegate_map(graph: Any) -> dict[str, tuple[int, ...]]:

@@ -1,10 +1,11 @@
 """Move a lowered graph's constants out of the blob into the program's named data, as ExecuTorch 1.5.1 does.
 
-ExecuTorch's runtime frees a delegate's blob right after ``init`` (memory-mapped programs are unmapped), while
-XNNPACK keeps pointers to static data it does not pack -- the constant operand of a multiply, a layer norm's
-epsilon. A blob that carries such constants in its own constant region therefore makes the stock runtime read
-unmapped memory (SIGSEGV). Named data lives as long as the program, so every constant goes there, keyed by the
-SHA-256 of its bytes (identical weights across partitions and methods are stored once).
+ExecuTorch's runtime frees a delegate's blob right after ``init`` (memory-mapped programs are unmapped), so the
+blob's own constant region stays empty: its constants go to named data, keyed by the SHA-256 of their bytes
+(identical weights across partitions and methods are stored once). ExecuTorch 1.3.1 frees named data after
+``init`` too (loading from a file), so only what XNNPACK packs at ``init`` -- the weights and biases of fully
+connected and convolution nodes -- may live there; the static operands it reads by pointer on every call become
+delegate arguments backed by program constants first (:mod:`~edgeport_xnnpack.preprocess.constant_inputs`).
 """
 
 from __future__ import annotations

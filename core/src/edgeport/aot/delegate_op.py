@@ -43,7 +43,7 @@ def lookup_lowered_module(key: str) -> LoweredBackendModule:
 def call_delegate(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run a lowered module eagerly through its original (pre-lowering) program."""
     module = lookup_lowered_module(key)
-    outputs = module.original_module.module()(*args)
+    outputs = module.original_module.module()(*args[:module.user_input_count()])  # constant inputs last
     if isinstance(outputs, torch.Tensor):
         outputs = [outputs]
     return [o.clone() for o in outputs]

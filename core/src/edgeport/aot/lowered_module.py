@@ -36,8 +36,10 @@ class LoweredBackendModule(torch.nn.Module):
         compile_specs: Sequence[CompileSpec],
         debug_handle_map: dict[Any, Any] | None = None,
         named_data_store_output: NamedDataStoreOutput | None = None,
+        constant_inputs: Sequence[torch.Tensor] = (),
     ) -> None:
         super().__init__()
+        self._constant_inputs = tuple(constant_inputs)
         self._original_module = edge_program
         self._backend_id = backend_id
         self._processed_bytes = bytes(processed_bytes)
@@ -58,6 +60,11 @@ class LoweredBackendModule(torch.nn.Module):
     def named_data_store_output(self) -> NamedDataStoreOutput | None:
         """The named data (weights) ``preprocess`` handed to the writer, stored in ``Program.named_data``."""
         return self._named_data_store_output
+
+    @property
+    def constant_inputs(self) -> tuple[torch.Tensor, ...]:
+        """Constant tensors every call passes after the program's inputs (``PreprocessResult.constant_inputs``)."""
+        return self._constant_inputs
 
     @property
     def compile_specs(self) -> list[CompileSpec]:
@@ -89,7 +96,7 @@ class LoweredBackendModule(torch.nn.Module):
         return len(self._original_module.graph_signature.user_inputs)
 
     def forward(self, *args: torch.Tensor) -> Any:
-        outputs = torch.ops.edgeport.call_delegate(self._key, list(args))
+        outputs = torch.ops.edgeport.call_delegate(self._key, [*args, *self._constant_inputs])
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoweredBackendModule:

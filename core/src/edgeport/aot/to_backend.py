@@ -83,8 +83,11 @@ def lower_program(backend_id: str, program: ExportedProgram, compile_specs: list
     if store is not None and not isinstance(store, NamedDataStoreOutput):
         raise LoweringError(f"backend {backend_id!r}: data_store_output must be a NamedDataStoreOutput "
                             f"(edgeport.named_data.NamedDataStore().output()), got {type(store).__name__}")
+    constants = tuple(result.constant_inputs)
+    if not all(isinstance(t, torch.Tensor) for t in constants):
+        raise LoweringError(f"backend {backend_id!r}: constant_inputs must be torch tensors")
     return LoweredBackendModule(program, backend_id, bytes(result.processed_bytes), compile_specs,
-                                result.debug_handle_map, store)
+                                result.debug_handle_map, store, constants)
 
 
 def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> ExportedProgram:
@@ -110,6 +113,7 @@ def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> Export
     state, consts = dict(tagged.state_dict), dict(tagged.constants)
     count = sum(1 for n, _ in gm.named_children() if n.startswith("lowered_module_"))
     taken_over: set[str] = set()  # mutated buffers whose state a delegate now owns
+    extra_specs: dict[str, InputSpec] = {}
     for tag, nodes in groups.items():
         spec = result.partition_tags[tag]
         lowered = _lower_partition(tagged, nodes, spec, tag)
@@ -118,7 +122,8 @@ def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> Export
         setattr(gm, attr, lowered)
         state_nodes = _taken_over_state(tagged.graph_signature, nodes)
         taken_over.update(state_nodes.values())
-        _replace_partition(gm.graph, nodes, lowered, _read_only_constants(tagged.graph_signature), state_nodes)
+        extra = _constant_placeholders(gm.graph, lowered, tagged.graph_signature.user_inputs, consts, extra_specs)
+        _replace_partition(gm.graph, nodes, lowered, _read_only_constants(tagged.graph_signature), state_nodes, extra)
     # Users of a partition's outputs may precede its last node: reorder before anything lints the graph.
     stable_toposort(gm.graph)
     gm.graph.eliminate_dead_code()
@@ -128,7 +133,7 @@ def partition_and_lower(ep: ExportedProgram, partitioner: Partitioner) -> Export
     if taken_over:
         old = ExportGraphSignature(input_specs=list(old.input_specs), output_specs=[
             s for s in old.output_specs if not (s.kind == OutputKind.BUFFER_MUTATION and s.target in taken_over)])
-    signature = rebuild_signature(gm.graph, old)
+    signature = rebuild_signature(gm.graph, old, extra_specs)
     state, consts = prune_state(state, consts, signature)
     return new_exported_program(tagged, gm, signature, state_dict=state, constants=consts)
 
@@ -315,12 +320,36 @@ def extract_subprogram(parent: ExportedProgram, nodes: list[torch.fx.Node]) -> E
     )
 
 
+def _constant_placeholders(graph: torch.fx.Graph, lowered: LoweredBackendModule, user_inputs: Collection[str],
+                           consts: dict[str, object], specs: dict[str, InputSpec]) -> list[torch.fx.Node]:
+    """A lifted-constant placeholder for each of ``lowered``'s constant inputs, placed before the user inputs
+    (``user_inputs``: their names); its tensor goes to ``consts`` and its spec to ``specs``."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = next((p for p in placeholders if p.name in user_inputs), None)
+    out = []
+    for tensor in lowered.constant_inputs:
+        if anchor is not None:
+            ctx = graph.inserting_before(anchor)
+        else:
+            ctx = graph.inserting_after(placeholders[-1]) if placeholders else graph.inserting_before(None)
+        with ctx:
+            node = graph.placeholder(f"_delegate_constant_{len(specs)}")
+        node.meta["val"] = torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
+        consts[node.name] = tensor
+        specs[node.name] = InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), node.name)
+        if anchor is None:
+            placeholders.append(node)
+        out.append(node)
+    return out
+
+
 def _replace_partition(graph: torch.fx.Graph, nodes: list[torch.fx.Node], lowered: LoweredBackendModule,
-                       shareable: set[str], state: Collection[torch.fx.Node] = ()) -> None:
+                       shareable: set[str], state: Collection[torch.fx.Node] = (),
+                       constant_inputs: Sequence[torch.fx.Node] = ()) -> None:
     owned, inputs, outputs = _partition_io(nodes, shareable, state)
     members = [n for n in nodes if n.op != "placeholder"]
     with graph.inserting_after(members[-1]):
-        call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, list(inputs)))
+        call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, [*inputs, *constant_inputs]))
     call.meta["val"] = [o.meta.get("val") for o in outputs]
     call.meta["delegate_backend"] = lowered.backend_id
     previous = call
@@ -355,12 +384,15 @@ def program_calling_delegate(lowered: LoweredBackendModule) -> ExportedProgram:
     original = lowered.original_module
     graph = torch.fx.Graph()
     user_inputs = [n for n in original.graph.nodes if n.op == "placeholder" and n.name in set(original.graph_signature.user_inputs)]
+    constants: dict[str, object] = {}
+    constant_specs: dict[str, InputSpec] = {}
     placeholders = []
     for n in user_inputs:
         p = graph.placeholder(n.name)
         p.meta["val"] = n.meta.get("val")
         placeholders.append(p)
-    call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, placeholders))
+    extra = _constant_placeholders(graph, lowered, {p.name for p in placeholders}, constants, constant_specs)
+    call = graph.call_function(CALL_DELEGATE, (lowered.delegate_key, [*placeholders, *extra]))
     metas = [a.meta.get("val") for a in original.graph.output_node().args[0]]
     call.meta["val"] = metas
     items = []
@@ -372,7 +404,8 @@ def program_calling_delegate(lowered: LoweredBackendModule) -> ExportedProgram:
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.lowered_module_0 = lowered
     signature = ExportGraphSignature(
-        input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders],
+        input_specs=[*constant_specs.values(),
+                     *(InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders)],
         output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(i.name), None) for i in items],
     )
     return ExportedProgram(
@@ -382,6 +415,6 @@ def program_calling_delegate(lowered: LoweredBackendModule) -> ExportedProgram:
         state_dict={},
         range_constraints=copy.copy(original.range_constraints),
         module_call_graph=copy.deepcopy(original.module_call_graph),
-        constants={},
+        constants=constants,
         verifiers=list(original.verifiers),
     )
