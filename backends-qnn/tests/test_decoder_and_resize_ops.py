@@ -91,3 +91,16 @@ def test_bilinear_and_nearest_upsampling():
     p, outside, errors = _lower_and_run(_Upsample(), (torch.randn(1, 3, 5, 6),))
     assert p.rejections == {} and outside == []
     assert max(errors) <= 1e-5, errors
+
+
+class _SplitAndExpand(torch.nn.Module):
+    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v = x.split([8, 8, 16], dim=-1)  # GPT-2's query / key / value split
+        return q * 2, k + 1, v.relu(), kv.expand(3, 2, 5, 4) * 1.5, kv[0].expand(2, 2, 5, 4) + 1
+
+
+def test_split_and_broadcasting_expand():
+    torch.manual_seed(0)
+    p, outside, errors = _lower_and_run(_SplitAndExpand(), (torch.randn(2, 5, 32), torch.randn(1, 2, 5, 4)))
+    assert p.rejections == {} and outside == []
+    assert max(errors) == 0.0, errors

@@ -40,7 +40,12 @@ _avg_pool = first_problem(avg_pool2d, _static)
 
 def _expand(node: Any) -> str | None:
     src, out = shape_of(node.args[0]), shape_of(node)
-    return None if src is not None and src == out else "expand that changes the shape"
+    if src is None or out is None or len(src) > len(out) or len(out) > 4:
+        return "expand of a dynamic shape or to more than 4 dimensions"
+    lead = (1,) * (len(out) - len(src)) + tuple(src)
+    if any(s != o and s != 1 for s, o in zip(lead, out)):
+        return f"expand {list(src)} -> {list(out)}"
+    return None
 
 
 _softmax = first_problem(no_half_to_float, _static)
@@ -140,7 +145,8 @@ _TABLE = (
     OpCapability("aten.view_copy.default", _F, _rank, "Reshape"),
     OpCapability("aten.squeeze_copy.dims", _F, _rank, "Reshape"),
     OpCapability("aten.unsqueeze_copy.default", _F, _rank, "Reshape"),
-    OpCapability("aten.expand_copy.default", _F, _expand, "Reshape; only when the shape does not change"),
+    OpCapability("aten.expand_copy.default", _F, _expand, "Tile (after a Reshape to the output's rank); up to 4-D"),
+    OpCapability("aten.split_with_sizes_copy.default", _F, _rank, "one StridedSlice per piece"),
     OpCapability("aten.permute_copy.default", _F, _rank, "Transpose"),
     OpCapability("aten.cat.default", _F, _static, "Concat"),
     OpCapability("aten.constant_pad_nd.default", _F, _pad, "Pad (constant); non-negative padding"),

@@ -1,5 +1,5 @@
-"""view / squeeze / unsqueeze / same-shape expand / clone (``Reshape``), permute (``Transpose``), select and
-slice (``StridedSlice``), cat (``Concat``; NHWC when every input is)."""
+"""view / squeeze / unsqueeze / clone (``Reshape``), expand (``Tile``), permute (``Transpose``), select, slice
+and split (``StridedSlice``), cat (``Concat``; NHWC when every input is)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,31 @@ def slice_(lw: Lowering, node: torch.fx.Node) -> Val:
     return _strided_slice(lw, v, dim, start, end, step)
 
 
+def split(lw: Lowering, node: torch.fx.Node) -> tuple:
+    """split_with_sizes_copy: one ``StridedSlice`` per piece (GPT-2's query / key / value split)."""
+    v = lw.nchw(lw.value(node.args[0]))
+    dim = int(arg(node, 2, "dim", 0)) % len(v.shape)
+    pieces, start = [], 0
+    for size in node.args[1]:
+        pieces.append(_strided_slice(lw, v, dim, start, start + int(size), 1))
+        start += int(size)
+    return tuple(pieces)
+
+
+def expand(lw: Lowering, node: torch.fx.Node) -> Val:
+    """expand_copy: ``Reshape`` to the output's rank (leading 1s), then ``Tile`` along the broadcast dimensions
+    (grouped-query attention's repeated key / value heads)."""
+    v = lw.nchw(lw.value(node.args[0]))
+    out = static_shape(node)
+    src = (1,) * (len(out) - len(v.shape)) + tuple(v.shape)
+    if src != tuple(v.shape):
+        v = lw.node("Reshape", [v.name], src)
+    if src == tuple(out):
+        return lw.node("Reshape", [v.name], out)
+    multiples = u32([o // s for o, s in zip(out, src)])
+    return lw.node("Tile", [v.name], out, {"multiples": multiples})
+
+
 def pad(lw: Lowering, node: torch.fx.Node) -> Val:
     """constant_pad_nd (``Pad``, constant scheme); torch lists (before, after) pairs from the last dimension.
 
@@ -87,7 +112,8 @@ LOWERINGS = {
     "aten.squeeze_copy.dims": reshape,
     "aten.squeeze_copy.dim": reshape,
     "aten.unsqueeze_copy.default": reshape,
-    "aten.expand_copy.default": reshape,  # claimed only when the shape does not change
+    "aten.expand_copy.default": expand,
+    "aten.split_with_sizes_copy.default": split,
     "aten.clone.default": reshape,
     "aten.permute_copy.default": permute,
     "aten.cat.default": cat,
