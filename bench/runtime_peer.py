@@ -12,12 +12,12 @@ XNNPACK thread: edgeport through ``load_method(..., backend_options={"XnnpackBac
 the peer by resetting its ExecuTorch thread pool to 1 thread before loading (the wheel exports
 ``ThreadPool::_unsafe_reset_threadpool``); eager PyTorch runs with ``torch.set_num_threads(1)``.
 
-Loading: both runtimes load the ``.pte`` from bytes. edgeport's XNNPACK delegates keep every constant in the
-program's named data, as ExecuTorch 1.5.1 does; ExecuTorch 1.3.1 (the peer's runtime), loading from a *file*,
-releases named data after a delegate's ``init`` while XNNPACK still points at the static operands it does not pack
-(the constant of a multiply or a division, a layer norm's weight), so those programs compute garbage there
-(ExecuTorch's own partitioner passes such operands as delegate inputs instead); from bytes the data stays alive.
-The peer's error when it loads the same file by path is reported in its own column.
+Loading: both runtimes load the ``.pte`` from bytes for the timed runs; the peer also loads the same file by its
+path (as on a device), and that run's error is reported in its own column, with whether its output equals the
+from-bytes output bit for bit. ExecuTorch 1.3.1 (the peer's runtime) releases a delegate's named data after
+``init`` when it loads a file; edgeport's XNNPACK delegates keep only packed weights there and pass the static
+operands XNNPACK reads by pointer as delegate arguments backed by program constants, as ExecuTorch's partitioner
+does (before 71f0fd0 they were named data too, and the file-loaded programs computed NaN).
 
 Timing: outputs checked first (error = max |out - eager| / max(1, max |eager|)), then blocks of ``BLOCK``
 consecutive calls of one contender (3 untimed warm-up calls before each), the order of the contenders rotated per
@@ -205,12 +205,14 @@ def measure(name: str, size: str, peer: Peer | None, tmp: Path, args: argparse.N
             np.save(paths[-1], x)
         outs = peer.ask({"op": "load", "name": key, "pte": str(tmp / f"{key}.pte"), "inputs": paths,
                          "outputs": str(tmp)})["outputs"]
-        row["err"]["peer"] = scale_error(np.load(outs[0]), want)
+        peer_out = np.load(outs[0])
+        row["err"]["peer"] = scale_error(peer_out, want)
         if args.check_file_load:
             try:
                 outs = peer.ask({"op": "load", "name": key + "_file", "pte": str(tmp / f"{key}.pte"),
                                  "inputs": paths, "outputs": str(tmp), "from_path": True})["outputs"]
                 row["err"]["peer_file"] = scale_error(np.load(outs[0]), want)
+                row["file_equals_bytes"] = bool(np.array_equal(np.load(outs[0]), peer_out))
             except RuntimeError as exc:  # the peer's runtime may also fail outright on the freed constants
                 row["err"]["peer_file"] = str(exc).rsplit(": ", 2)[-2] if ": " in str(exc) else str(exc)
             peer.ask({"op": "drop", "name": key + "_file"})
@@ -302,6 +304,11 @@ def _err(e: float | str) -> str:
     return e if isinstance(e, str) else f"{e:.1e}"
 
 
+def _same(row: dict[str, Any]) -> str:
+    same = row.get("file_equals_bytes")
+    return "" if same is None else (" (= bytes)" if same else " (differs from bytes)")
+
+
 def render(rows: list[dict[str, Any]], info: dict[str, str]) -> str:
     has_peer = "peer_skip" not in info
     out = [SECTION_TITLE, "",
@@ -323,10 +330,10 @@ def render(rows: list[dict[str, Any]], info: dict[str, str]) -> str:
             "inside the delegates. Where the model's work is large (medium configs, the CNNs) the two are at par; "
             "on the small configs (hidden 32, 8 tokens: 0.05-0.1 ms of work) the fixed cost per instruction "
             "(~1-7 us per portable kernel, ~5-30 us per delegate call) decides, see the second table. The last "
-            "column: the peer loading the same `.pte` *from its file* reads freed memory (ExecuTorch 1.3.1 releases a "
-            "delegate's named data after `init` although XNNPACK keeps pointers to the static operands it does not "
-            "pack; ExecuTorch 1.5.1 and edgeport's runtime keep it), so its result is garbage or an error; from bytes "
-            "it is correct. The timed runs load from bytes.", ""]
+            "column: the peer loading the same `.pte` *from its file* (ExecuTorch 1.3.1 frees a delegate's named "
+            "data after `init` then; edgeport keeps only the weights XNNPACK packs there and passes the other static "
+            "operands as delegate arguments backed by program constants), and whether that output equals the "
+            "from-bytes output bit for bit. The timed runs load from bytes.", ""]
     out += ["| model | edgeport ms | executorch-numpy-runtime ms | edgeport / peer | eager ms | edgeport min | "
             "peer min | error edgeport | error peer | error peer, loaded from the file |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -337,7 +344,7 @@ def render(rows: list[dict[str, Any]], info: dict[str, str]) -> str:
         ratio = "n/a" if peer is None else f"**{la['edgeport'] / peer:.2f}x**"
         out.append(f"| {r['name']} | {la['edgeport']:.3f} | {peer_ms} | {ratio} | {la['eager']:.3f} | "
                    f"{mi['edgeport']:.3f} | {mi.get('peer', float('nan')):.3f} | {er['edgeport']:.1e} | "
-                   f"{er.get('peer', float('nan')):.1e} | {_err(er.get('peer_file', float('nan')))} |")
+                   f"{er.get('peer', float('nan')):.1e} | {_err(er.get('peer_file', float('nan')))}{_same(r)} |")
     if any("breakdown" in r for r in rows):
         out += ["", "### Where edgeport's time goes", "",
                 "Each compiled op of the method timed alone (minimum over 10-100 runs of the op list), summed: the "

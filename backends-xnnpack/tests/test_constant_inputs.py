@@ -110,6 +110,18 @@ def test_lowered_module_alone_and_eagerly():
     got = Runtime.get().load_program(module.buffer()).load_method("forward").execute([x.numpy()])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
+    class Composed(torch.nn.Module):  # the lowered module inside another exported module: constants lifted
+        def __init__(self) -> None:
+            super().__init__()
+            self.lowered = module
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lowered(x) * 2
+
+    pte = to_edge(torch.export.export(Composed(), (x,))).to_executorch().buffer
+    got = Runtime.get().load_program(pte).load_method("forward").execute([x.numpy()])[0]
+    np.testing.assert_allclose(got, want * 2, rtol=1e-5, atol=1e-5)
+
 
 def _lowered(model: torch.nn.Module, inputs: list[torch.Tensor]) -> bytes:
     ep = torch.export.export(model, tuple(inputs))
