@@ -1,62 +1,29 @@
-"""Test-compiling candidate partitions, so a partition the compiler refuses shrinks instead of failing the lowering.
+"""Test-compiling candidate Arm partitions, so a partition the compiler refuses shrinks instead of failing the
+lowering.
 
 The Arm partitioners call :func:`find_refusals` after tagging: each partition is lowered to TOSA and, for
 ``EthosUBackend``, compiled by Vela in the isolated worker (:func:`~edgeport_arm.vela.compile_tosa_isolated`,
-whose cache makes the real ``preprocess`` of an accepted partition free). For a refused partition the nodes to
-move to the CPU are the ones the compiler's message names (our TOSA lowering names the node it cannot lower);
-otherwise a bisection over the partition's compute nodes in graph order finds the first node whose prefix no
-longer compiles (quantize / dequantize nodes follow their compute nodes by the quantized-island rules). The partitioner bans those nodes (with the compiler's words as the reason) and partitions again.
+whose cache makes the real ``preprocess`` of an accepted partition free). The search for the nodes to move to the
+CPU -- those the compiler's message names (our TOSA lowering names the node it cannot lower), else a bisection in
+graph order, quantized compute nodes moving with the ones fused to them -- is the core's
+:func:`edgeport.aot.trial.find_refusals`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch.export import ExportedProgram
 
-from edgeport.aot.capability_partitioner import op_name
+from edgeport.aot import trial as _trial
 from edgeport.aot.to_backend import extract_subprogram
+from edgeport.aot.trial import Refusal
 from edgeport_arm.options import EthosUCompileSpec, TosaCompileSpec
 
 __all__ = ["Refusal", "find_refusals", "try_compile"]
 
-#: how much of a compiler's message goes into a node's rejection reason
-MESSAGE_CHARS = 600
-_QDQ = ("quantized_decomposed.quantize", "quantized_decomposed.dequantize")  # placed by the island rules
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass
-class Refusal:
-    """One refused candidate partition: who refused it, their words, and the nodes moved to the CPU for it."""
-
-    partition: str
-    ops: str
-    compiler: str
-    message: str
-    signal: str | None = None
-    culprits: list[str] = field(default_factory=list)
-    how: str = ""  # "named by the compiler" or "bisection (N test compilations)"
-
-    def reason(self, node: str) -> str:
-        """The rejection reason of culprit ``node``."""
-        crash = f" (crashed: {self.signal})" if self.signal else ""
-        words = self.message if len(self.message) <= MESSAGE_CHARS else self.message[:MESSAGE_CHARS] + " ..."
-        return (f"{self.compiler} refused partition {self.partition} ({self.ops}){crash}; {node} moved to the CPU "
-                f"({self.how}). {self.compiler} said: {words}")
-
-
-def _ops(nodes: Sequence[torch.fx.Node]) -> str:
-    counts: dict[str, int] = {}
-    for n in nodes:
-        if n.op == "call_function":
-            counts[op_name(n.target)] = counts.get(op_name(n.target), 0) + 1
-    top = sorted(counts.items(), key=lambda kv: -kv[1])[:8]
-    more = ", ..." if len(counts) > 8 else ""
-    return f"{sum(counts.values())} ops: " + ", ".join(f"{k} x{v}" if v > 1 else k for k, v in top) + more
+_named = _trial.named_in_message  # (kept for the tests that read the Arm messages with it)
 
 
 def try_compile(ep: ExportedProgram, nodes: Sequence[torch.fx.Node],
@@ -87,54 +54,6 @@ def try_compile(ep: ExportedProgram, nodes: Sequence[torch.fx.Node],
     return None
 
 
-def _key(nodes: Sequence[torch.fx.Node]) -> frozenset[str]:
-    return frozenset(n.name for n in nodes if n.op == "call_function" and n.target.__name__ != "getitem")
-
-
-def _named(message: str, members: Sequence[torch.fx.Node]) -> list[torch.fx.Node]:
-    """Partition nodes the message names: quoted, or as ``name:`` / ``name (op)`` (how the TOSA lowering names
-    the node it cannot lower)."""
-    by_name = {n.name: n for n in members}
-    found = []
-    for m in _WORD.finditer(message):
-        node = by_name.get(m.group())
-        if node is None or node in found:
-            continue
-        before, after = message[max(0, m.start() - 1):m.start()], message[m.end():m.end() + 1]
-        quoted = before and before in "'\"`" and after == before
-        if quoted or after == ":" or message[m.end():m.end() + 2] == " (":
-            found.append(node)
-    return found
-
-
-def _bisect(members: list[torch.fx.Node], subset: Callable[[list[torch.fx.Node]], list[torch.fx.Node]],
-            compiles: Callable[[list[torch.fx.Node]], bool]) -> tuple[torch.fx.Node | None, int]:
-    """The node whose addition makes the prefix stop compiling (assuming a failing prefix's extensions fail)."""
-    lo, hi, tries = 0, len(members), 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        tries += 1
-        if compiles(subset(members[mid:])):
-            lo = mid
-        else:
-            hi = mid
-    return (members[hi - 1] if hi >= 1 else None), tries
-
-
-def _fused_group(node: torch.fx.Node, compute: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    """``node`` and the compute nodes joined to it without a quantize between (a convolution and its fused
-    clamp): the island rules delegate them together, so they go to the CPU together."""
-    inside = set(compute)
-    group, todo = {node}, [node]
-    while todo:
-        n = todo.pop()
-        for m in (*n.all_input_nodes, *n.users):
-            if m in inside and m not in group:
-                group.add(m)
-                todo.append(m)
-    return [n for n in compute if n in group]
-
-
 def find_refusals(ep: ExportedProgram, partitions: dict[str, list[torch.fx.Node]],
                   spec: TosaCompileSpec | EthosUCompileSpec,
                   subset: Callable[[list[torch.fx.Node], list[torch.fx.Node]], list[torch.fx.Node]],
@@ -144,33 +63,7 @@ def find_refusals(ep: ExportedProgram, partitions: dict[str, list[torch.fx.Node]
     ``subset(members, excluded)`` gives the part of partition ``members`` that stays a valid partition once
     ``excluded`` go to the CPU (the quantized-island rules); ``known_good`` caches node sets that compiled.
     """
-    refusals = []
-    for tag, nodes in partitions.items():
-        members = [n for n in nodes if n.op == "call_function" and n.target.__name__ != "getitem"]
-        key = _key(members)
-        if not members or key in known_good:
-            continue
-        failure = try_compile(ep, nodes, spec)
-        if failure is None:
-            known_good.add(key)
-            continue
-        compiler, message, signal = failure
-        refusal = Refusal(tag, _ops(members), compiler, message.strip(), signal)
-        named = _named(message, members)
-        if named:
-            refusal.culprits, refusal.how = [n.name for n in named], f"named by {compiler}"
-        else:
-            def compiles(part: list[torch.fx.Node]) -> bool:
-                ok = try_compile(ep, part, spec) is None
-                if ok:
-                    known_good.add(_key(part))
-                return ok
+    def compiles(nodes: Sequence[torch.fx.Node]):  # type: ignore[no-untyped-def]
+        return try_compile(ep, nodes, spec)
 
-            order = [n for n in members if not op_name(n.target).startswith(_QDQ)] or members
-            culprit, tries = _bisect(order, lambda excluded, m=members: subset(m, excluded), compiles)
-            integer = len(order) < len(members)  # a quantized partition: fused compute groups move as one
-            chosen = members if culprit is None else _fused_group(culprit, order) if integer else [culprit]
-            refusal.culprits = [n.name for n in chosen]
-            refusal.how = f"found by bisection, {tries + 1} test compilations"
-        refusals.append(refusal)
-    return refusals
+    return _trial.find_refusals(partitions, compiles, subset, known_good, fused_groups=True)
