@@ -1,6 +1,7 @@
-"""Common kernel calls reused at load (``edgeport.runtime._cse``): a repeated pure call copies the earlier
-result instead of running, only while nothing wrote over that result or the call's inputs; outputs stay those of
-eager PyTorch and bit-identical to a load without reuse."""
+"""Load-time rewrites of kernel calls, checked against eager PyTorch: common calls reused
+(``edgeport.runtime._cse``: a repeated pure call copies the earlier result, only while nothing wrote over that
+result or the call's inputs; bit-identical to a load without reuse) and the fused fully-masked-row guard of
+math attention (``edgeport.runtime._fuse``)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,45 @@ def test_dynamic_shapes_reuse_with_the_actual_shape():
         pos = torch.arange(size) * 3
         (got,) = method.execute([pos.numpy()])
         np.testing.assert_array_equal(got, Twice()(pos).numpy())
+
+
+class Attention(torch.nn.Module):
+    """SDPA with a float mask: the exported math path guards fully masked rows (eq / logical_not / any /
+    logical_not / full_like / where), which the runtime fuses at load."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_masked_row_guard_fused_matches_eager_with_fully_masked_rows():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
+    mask = torch.zeros(1, 1, 4, 4)
+    pte = _program(Attention(), (q, k, v, mask))
+    method = Runtime.get().load_program(pte).load_method()
+    assert method.profile.fused_calls == 5
+    for rows in ([], [1], [0, 1, 2, 3]):  # no, one, every row fully masked
+        m = torch.triu(torch.full((4, 4), float("-inf")), 1).reshape(1, 1, 4, 4).clone()
+        m[..., rows, :] = float("-inf")
+        with torch.no_grad():
+            want = Attention()(q, k, v, m).numpy()
+        (got,) = method.execute([t.numpy() for t in (q, k, v, m)])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert np.isfinite(got).all()
+
+
+def test_index_put_at_one_position_matches_fancy_indexing():
+    from edgeport.runtime.portable.shape import index_put_inplace
+
+    rng = np.random.default_rng(0)
+    cases = [([None, None, np.array([5])], (1, 2, 1, 4)), ([None, None, np.array([-1])], (2, 1, 4)),
+             ([np.array([0]), None], (1, 1, 4)), ([None, np.array([1], np.int32)], (1, 1, 8, 4))]
+    for indices, vshape in cases:
+        a = rng.standard_normal((1, 2, 8, 4)).astype(np.float32)
+        b = a.copy()
+        v = rng.standard_normal(vshape).astype(np.float32)
+        index_put_inplace(a, indices, v, False)
+        b[tuple(slice(None) if i is None else i for i in indices)] = v
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(Exception, match="index"):
+        index_put_inplace(np.zeros((2, 3)), [None, np.array([3])], np.zeros(1), False)

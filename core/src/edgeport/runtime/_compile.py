@@ -20,6 +20,7 @@ from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport.program import schema as S
 from edgeport.runtime._cse import reuse_result
 from edgeport.runtime._delegates import Delegate
+from edgeport.runtime._fuse import FILL
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._memory import MemoryLayout
 from edgeport.runtime._values import MethodValues
@@ -87,7 +88,7 @@ class ChainCompiler:
             label = f"chains[{ci}].instructions[{ii}]"
             k = type(a)
             if call is not None:
-                if call.folded:
+                if call.folded or (ci, ii) in self.analysis.fused_away:
                     continue
                 label += f" ({call.name})"
                 params, outs = call.params, call.outs
@@ -107,6 +108,14 @@ class ChainCompiler:
                         ops.append((self._list_resolver(idx), _vals_only, None))
                         labels.append(label)
                 post = self._kernel_post(call.name, params, call.rets, call.stores, call.mut, outs)
+                fused = self.analysis.fused.get((ci, ii))
+                if fused is not None and arg_slots[outs[0]] != layout.none_slot:
+                    fn, values = fused
+                    slots = [layout.none_slot if v == FILL else v for v in values] + [arg_slots[outs[0]]]
+                    ops.append((fn, getter(slots), post))
+                    labels.append(label)
+                    self.kernel_ops += 1
+                    continue
                 source = self.analysis.reused.get((ci, ii))
                 if source is not None and arg_slots[outs[0]] != layout.none_slot:
                     # an earlier identical call's result is in ``source`` (runtime._cse): copy it

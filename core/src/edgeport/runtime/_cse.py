@@ -105,9 +105,9 @@ def common_calls(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
             a = instr.instr_args
             call = analysis.chains[ci][ii]
             if call is not None:
-                if call.folded:
+                if call.folded or (ci, ii) in analysis.fused_away:  # not run; their results are read by no one
                     continue
-                key = _call_key(mv, call, value_id)
+                key = None if (ci, ii) in analysis.fused else _call_key(mv, call, value_id)
                 result = _result_slot(mv, call) if key is not None else None
                 if key is not None and result is not None:
                     hit = seen.get(key)

@@ -70,6 +70,10 @@ class InstructionAnalysis:
     folded_delegates: set[tuple[int, int]] = field(default_factory=set)
     #: (chain, instruction) of kernel calls whose result an earlier identical call left in a slot -> that slot
     reused: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: (chain, instruction) of a ``where`` standing for a fused group (runtime._fuse) -> (op, argument values)
+    fused: dict[tuple[int, int], tuple[Any, list[int]]] = field(default_factory=dict)
+    #: (chain, instruction) of the other calls of fused groups (not run)
+    fused_away: set[tuple[int, int]] = field(default_factory=set)
 
     def kernel_calls(self) -> Iterator[KernelCallInfo]:
         for infos in self.chains:

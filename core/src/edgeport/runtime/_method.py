@@ -18,6 +18,7 @@ from edgeport.runtime._cse import common_calls
 from edgeport.runtime._delegates import Delegates
 from edgeport.runtime._execute import MethodRunner
 from edgeport.runtime._folding import fold_constants
+from edgeport.runtime._fuse import masked_row_guards
 from edgeport.runtime._instructions import analyze_instructions
 from edgeport.runtime._io import Binder, borrowable_inputs, input_binders
 from edgeport.runtime._memory import Context, MemoryLayout
@@ -70,6 +71,8 @@ class MethodPlan:
         if fold:  # after init: calls of pure delegates on constants fold too
             self.profile.folded_instructions = fold_constants(mv, plan, analysis, self.static_template,
                                                               self._delegates.items)
+            analysis.fused, analysis.fused_away = masked_row_guards(mv, plan, analysis, self.static_template)
+            self.profile.fused_calls = len(analysis.fused_away)
             analysis.reused = common_calls(mv, plan, analysis, self.static_template, self._delegates.items)
             self.profile.reused_calls = len(analysis.reused)
         self._layout = MemoryLayout(mv, self.static_template)

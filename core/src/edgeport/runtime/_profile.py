@@ -39,6 +39,8 @@ class MethodProfile:
     folded_instructions: int = 0
     #: kernel calls that copy an earlier call's identical result instead of running (see ``runtime._cse``)
     reused_calls: int = 0
+    #: kernel calls folded into a fused operation at load (see ``runtime._fuse``), not run on their own
+    fused_calls: int = 0
     runs: int = 0
     last_run_seconds: float = 0.0
     #: with ``method.time_ops = True``: seconds and calls per op (kernel name or ``delegate N: backend``)

@@ -79,12 +79,37 @@ def copy_inplace(self, src, non_blocking):
 def index_put_inplace(self, indices, values, accumulate):
     from edgeport.runtime.portable.extra import _index_key
 
+    at = _one_position(self, indices)
+    if at is not None and not accumulate:  # a KV-cache write at one position: a basic slice, same region
+        self[at] = values
+        return self
     key = _index_key(self, indices, "index_put_")
     if accumulate:
         np.add.at(self, key, values)
     else:
         self[key] = values
     return self
+
+
+def _one_position(self, indices):
+    """For indices that are all ``None`` but one integer tensor of one element at dim ``d`` (an in-range
+    position), the basic-slicing key of the region fancy indexing would address; else ``None``."""
+    key = []
+    found = False
+    for d, ix in enumerate(indices):
+        if ix is None:
+            key.append(slice(None))
+            continue
+        if found or type(ix) is not np.ndarray or ix.ndim != 1 or ix.size != 1 or ix.dtype.kind not in "iu" \
+                or d >= self.ndim:
+            return None
+        i, n = int(ix[0]), self.shape[d]
+        if not -n <= i < n:
+            return None  # the general path raises its error
+        i %= n
+        key.append(slice(i, i + 1))
+        found = True
+    return tuple(key) if found else None
 
 
 @kernel("aten::permute_copy.out")

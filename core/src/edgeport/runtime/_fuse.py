@@ -1,0 +1,179 @@
+"""Fused at load: the fully-masked-row guard of PyTorch's math attention, six kernel calls per layer in programs
+exported from Hugging Face decoders::
+
+    a = eq(x, s); b = logical_not(a); c = any(b, dim, keepdim); d = logical_not(c)
+    z = full_like(v, fill); out = where(d, z, y)          # or where(d, y, z)
+
+runs as one operation computing ``d = ~any(x != s, dim, keepdim)`` and the ``where``; ``z`` is made only when the
+``where`` takes any of it. Applied only where the intermediates ``a``-``d`` and ``z`` are bool (``z``: any dtype)
+planned tensors that nothing else reads (no other instruction, no delegate, not a method output, no alias over
+their memory), ``x`` and ``v`` are not written between the first of the six calls and the ``where``, and ``s``, ``dim``, ``keepdim`` and
+``fill`` are constants of the program, and all six are the portable library's kernels. Results are identical
+to the six kernels'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edgeport.program import schema as S
+from edgeport.runtime._instructions import InstructionAnalysis, KernelCallInfo
+from edgeport.runtime._values import MethodValues
+from edgeport.runtime.kernel_utils import normalize_dim
+from edgeport.runtime.portable import LIBRARY
+
+__all__ = ["FILL", "masked_row_guards"]
+
+#: marks the ``where`` argument that is the ``full_like`` result (made by the fused op when needed)
+FILL = -1
+
+_GUARD = ("aten::eq.Scalar_out", "aten::logical_not.out", "aten::any.out", "aten::logical_not.out")
+
+
+def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
+              where: Callable[..., Any]) -> Callable[..., Any]:
+    def masked_row_guard(x, v, p, q, out):
+        d = np.logical_not(np.any(np.not_equal(x, s), axis=normalize_dim(dim, x.ndim), keepdims=keepdim))
+        if p is None or q is None:
+            n = np.count_nonzero(d)
+            if (p is None and n) or (q is None and n < d.size):
+                z = np.full(v.shape, fill, dtype=z_dtype)
+                p, q = (z if p is None else p), (z if q is None else q)
+            else:  # the fill is never taken: the other branch everywhere
+                p, q = (q if p is None else p), (p if q is None else q)
+        return where(d, p, q, out)
+
+    return masked_row_guard
+
+
+def masked_row_guards(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis, template: list[Any],
+                      ) -> tuple[dict[tuple[int, int], tuple[Callable[..., Any], list[int]]], set[tuple[int, int]]]:
+    """``({(chain, where instruction): (fused op, [x, v, p, q] value indices, FILL for the full_like)}, the
+    instructions the fused ops stand for)``."""
+    fused: dict[tuple[int, int], tuple[Callable[..., Any], list[int]]] = {}
+    skipped: set[tuple[int, int]] = set()
+    if any(type(i.instr_args) is S.JumpFalseCall for c in plan.chains for i in c.instructions):
+        return fused, skipped
+    kinds, specs = mv.kinds, mv.specs
+    reads: dict[int, int] = {}
+    writers: dict[int, list[tuple[int, int]]] = {}
+
+    def read(idx: int) -> None:
+        for t in [idx, *mv.tensor_items(idx)] if kinds[idx] is not S.Tensor else [idx]:
+            reads[t] = reads.get(t, 0) + 1
+
+    for idx in plan.outputs:
+        read(idx)
+        reads[idx] = reads.get(idx, 0) + 1
+    for ci, chain in enumerate(plan.chains):
+        for ii, instr in enumerate(chain.instructions):
+            a, call = instr.instr_args, analysis.chains[ci][ii]
+            if call is not None:
+                for pos, idx in enumerate(call.params):
+                    if pos not in call.outs or pos in call.mut:
+                        read(idx)
+                    if pos in call.outs or pos in call.mut:
+                        for t in mv.tensor_items(idx) or [idx]:
+                            writers.setdefault(t, []).append((ci, ii))
+                for r in call.rets:
+                    writers.setdefault(r, []).append((ci, ii))
+            elif type(a) is S.DelegateCall:
+                for idx in a.args:
+                    read(idx)
+                    for t in mv.tensor_items(idx) or [idx]:
+                        writers.setdefault(t, []).append((ci, ii))
+            elif type(a) is S.MoveCall:
+                read(a.move_from)
+                writers.setdefault(a.move_to, []).append((ci, ii))
+    never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
+                     and i not in writers and i not in plan.inputs]
+
+    def sole_writer(idx: int) -> tuple[int, int] | None:
+        w = set(writers.get(idx, []))  # an out argument is also the returned value: one writer
+        return w.pop() if len(w) == 1 else None
+
+    def call_at(where: tuple[int, int] | None, name: str) -> KernelCallInfo | None:
+        if where is None:
+            return None
+        call = analysis.chains[where[0]][where[1]]
+        if call is None or call.folded or call.name != name or call.mut or len(call.outs) != 1 \
+                or call.entry.library != LIBRARY:  # a kernel library overriding one of them: left as is
+            return None
+        return call
+
+    def constant(idx: int) -> bool:
+        return kinds[idx] in (S.Int, S.Double, S.Bool, S.Null) and idx not in analysis.rw
+
+    def private(idx: int, want_bool: bool) -> bool:
+        """A planned tensor only one instruction reads, no alias overlaps."""
+        sp = specs.get(idx) if kinds[idx] is S.Tensor else None
+        if sp is None or not sp.mem_id or sp.constant is not None or reads.get(idx, 0) != 1:
+            return False
+        if want_bool and sp.dtype != np.bool_:
+            return False
+        return not any(o.mem_id == sp.mem_id and o.offset < sp.offset + sp.nbytes and sp.offset < o.offset + o.nbytes
+                       for o in never_written)
+
+    for ci, infos in enumerate(analysis.chains):
+        for iw, w in enumerate(infos):
+            if w is None or w.folded or w.name != "aten::where.self_out" or len(w.params) != 4 \
+                    or w.entry.library != LIBRARY:
+                continue
+            chain_calls = []
+            value = w.params[0]
+            for name in reversed(_GUARD):
+                at = sole_writer(value)
+                call = call_at(at, name)
+                if call is None or at[0] != ci or not private(value, True):
+                    break
+                chain_calls.append((at, call))
+                value = call.params[0]
+            if len(chain_calls) != 4:
+                continue
+            (_, n2), (_, anyc), (_, n1), (_, eq) = chain_calls
+            x, s = eq.params[0], eq.params[1]
+            dim, keepdim = anyc.params[1], anyc.params[2]
+            if kinds[x] is not S.Tensor or not (constant(s) and constant(dim) and constant(keepdim)):
+                continue
+            if type(template[dim]) is not int or len(n1.params) != 2 or len(n2.params) != 2:
+                continue
+            args, fill, z_dtype, f_at, v = [x, -2], None, None, None, -2
+            for idx in w.params[1:3]:
+                at = sole_writer(idx)
+                fl = call_at(at, "aten::full_like.out")
+                if f_at is None and fl is not None and at[0] == ci and kinds[fl.params[0]] is S.Tensor \
+                        and constant(fl.params[1]) and private(idx, False) and template[fl.params[2]] is None:
+                    args.append(FILL)
+                    fill, z_dtype, f_at, v = template[fl.params[1]], specs[idx].dtype, at, fl.params[0]
+                else:
+                    args.append(idx)
+            if f_at is None:
+                continue
+            args[1] = v
+            span = [at for at, _ in chain_calls] + [f_at]
+            lo = min(ii for _, ii in span)
+            if any(lo < ii < iw and (ci, ii) not in span
+                   for t in (x, v) for ii in _writes_of(t, writers, ci, specs)):
+                continue  # x or v is written between the first of the six calls and the where
+            fused[(ci, iw)] = (_guard_op(template[s], template[dim], bool(template[keepdim]), fill, z_dtype,
+                                         w.entry.fn), args)
+            skipped.update(span)
+    return fused, skipped
+
+
+def _writes_of(x: int, writers: dict[int, list[tuple[int, int]]], ci: int, specs: dict) -> list[int]:
+    """Instruction indices (chain ``ci``) writing ``x``, planned memory overlapping it, or any tensor outside
+    planned memory (which may be a view of anything)."""
+    sx = specs[x]
+    found = []
+    for t, ws in writers.items():
+        st = specs.get(t)
+        hit = t == x or (st is not None and st.constant is None and (
+            not st.mem_id or not sx.mem_id or (st.mem_id == sx.mem_id and st.offset < sx.offset + sx.nbytes
+                                               and sx.offset < st.offset + st.nbytes)))
+        if hit:
+            found.extend(ii for c, ii in ws if c == ci)
+    return found
