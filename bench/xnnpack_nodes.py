@@ -21,7 +21,8 @@ XNNPACK imports from ``libexecutorch_threadpool.so`` (``xnnpack_bench/avx2_only_
 binds to against the one ExecuTorch's library exports); PyTorch through ``ATEN_CPU_CAPABILITY=avx2
 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``. edgeport's executor decides where fully-connected layers
 run from the CPU it sees (``XnnpackRuntimeOptions.fully_connected``, "auto"), which the masks do not reach: in this
-mode the bench passes it what "auto" picks on an AVX2-only CPU.
+mode the bench passes it what "auto" picks on an AVX2-only CPU, and runs its host convolution kernel in its AVX2
+form (``EDGEPORT_XNNPACK_CONV_ISA=avx2``).
 
     python bench/xnnpack_nodes.py [--reps 60] [--threads 1 2] [--kinds stem dw_s1 ...] [--emulate-avx2]
         [--write-report]
@@ -53,7 +54,9 @@ EMULATED = os.environ.get("EDGEPORT_BENCH_EMULATED_ISA", "")
 # idle time before each contender. 50 ms (past the ~27 ms the 2021 pthreadpool's workers spin after a call) gave
 # more 2-thread cells stalled by ~4 ms on this 2-vCPU machine (5-6 rows per table, either runtime) than 20 ms (0-3)
 GAP_S = 0.02
-_MASK_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+# edgeport's host convolution kernel checks the CPU itself: EDGEPORT_XNNPACK_CONV_ISA caps it at its AVX2 form
+_MASK_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "EDGEPORT_XNNPACK_CONV_ISA": "avx2"}
 
 
 def _models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:

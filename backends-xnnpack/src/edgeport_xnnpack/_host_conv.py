@@ -47,7 +47,9 @@ def kernel_level() -> int:
 def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
               const: set[int]) -> tuple[int, int, int] | None:
     """``(pixels, taps * channels, output channels)`` of a float32 dense (one group, no dilation) convolution with
-    constant filter and bias that the kernel runs, else ``None``."""
+    more than one tap and constant filter and bias that the kernel runs, else ``None``. 1x1 convolutions stay in
+    XNNPACK: MobileNetV2 has 35 of them between depthwise ones, and a host step each would cut its one XNNPACK
+    runtime into ~70 steps."""
     if n.kind != "XNNConv2d" or n.get("flags"):
         return None
     ins, out = n.inputs(), n.outputs()[0]
@@ -62,6 +64,8 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
     if len(ins) == 3 and dims[ins[2]] != (cols,):
         return None
     batch, _, _, c, kh, kw = geometry[:6]
+    if kh * kw == 1:
+        return None  # 1x1: a plain GEMM the 2022 library runs well enough that a step boundary does not pay
     return batch * geometry[10] * geometry[11], kh * kw * c, cols
 
 

@@ -10,7 +10,7 @@ emulated)"). So ``XnnpackRuntimeOptions.fully_connected`` chooses where they run
   (XNNPACK's own scheme: the input is read in place; 0.66-0.93x OpenBLAS's time on every MobileNetV2 and encoder
   shape, which packs the whole input first), below that (a single token) OpenBLAS's ``sgemv`` / ``sgemm``; numpy's
   matmul when the extension is not built;
-- ``"host-conv"``: float32 dense convolutions other than those (3x3, strided, padded; one group, no dilation) on
+- ``"host-conv"``: float32 dense convolutions of more than one tap (3x3, 7x7, ...; one group, no dilation) on
   ``edgeport_xnnpack._host_conv``'s indirect-GEMM kernel (AVX-512 7x32 / AVX2 6x16, bit-identical to libXNNPACK);
 - ``"auto"`` (the default): ``"host-float"`` on x86-64 CPUs with AVX2 and without AVX-512F when the extension runs
   the micro-kernel, ``"host-conv"`` where the convolution kernel runs, ``"host-int8"`` with AVX512-VNNI.
