@@ -71,7 +71,10 @@ _TABLE = (
         "MATMUL + ADD (float graphs only)"),
     OpCapability("aten.pow.Tensor_Scalar", _F, lambda n: _static(n) or (
         None if n.args[1] in (2, 3) and not isinstance(n.args[1], bool) else f"exponent {n.args[1]!r} (2 and 3 only)"),
-        "MUL (squares and cubes; float graphs only)"),
+        "MUL (squares and cubes; int8: in int32, rescaled once)"),
+    OpCapability("aten.neg.default", _F, _static, "SUB from zero (int8: in int32, rescaled once)"),
+    OpCapability("aten.expand_copy.default", _F, _static, "TILE (int8: the input's parameters)"),
+    OpCapability("aten.silu.default", _F, _static, "SIGMOID + MUL (int8: TABLE)"),
     OpCapability("aten.bmm.default", _F, _static, "MATMUL (int8: int32 result, one RESCALE)"),
     OpCapability("aten.add.Tensor", _F, _alpha, "ADD (int8: both inputs RESCALEd to int32)"),
     OpCapability("aten.sub.Tensor", _F, _alpha, "SUB"),
@@ -108,6 +111,7 @@ _TABLE = (
     OpCapability("aten.squeeze_copy.dim", _F, _static, "RESHAPE"),
     OpCapability("aten.unsqueeze_copy.default", _F, _static, "RESHAPE"),
     OpCapability("aten.clone.default", _F, _static, "no operator"),
+    OpCapability("aten.alias_copy.default", _F, _static, "no operator"),
     OpCapability("aten.permute_copy.default", _F, _static, "TRANSPOSE"),
     OpCapability("aten.cat.default", _F, _static, "CONCAT"),
     OpCapability("aten.slice_copy.Tensor", _F, _slice, "SLICE"),
@@ -121,14 +125,19 @@ _QUANT = (
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
 INT8_UNSUPPORTED: dict[str, str] = {
-    "aten.addmm.default": "no int8 lowering (the quantizers leave addmm in float)",
-    "aten.pow.Tensor_Scalar": "no int8 lowering (the quantizers leave pow in float)",
+    "aten.addmm.default": "no int8 lowering (the Arm quantizers turn addmm with constant weights into linear; "
+                          "this one was left in float)",
     "aten._softmax.default": "int8 softmax is lowered from its decomposition (EthosUQuantizer / TOSAQuantizer "
                              "decompose it before annotating); a whole softmax here was left in float",
     "aten.native_layer_norm.default": "int8 layer norm is lowered from its decomposition (EthosUQuantizer / "
                                       "TOSAQuantizer decompose it before annotating); a whole layer norm here was "
                                       "left in float",
 }
+# ops lowered to one int8 TABLE: their output parameters come from the quantize that must follow them
+INT8_TABLES = frozenset({
+    "aten.sigmoid.default", "aten.tanh.default", "aten.hardswish.default", "aten.gelu.default", "aten.silu.default",
+    "aten.exp.default", "aten.reciprocal.default", "aten.rsqrt.default",
+})
 # Vela 5.2.0 (regor) places int8 MATMUL, TRANSPOSE, REDUCE_SUM / REDUCE_MAX and TABLE on the NPU of both the
 # U55 and the U85 (measured per operator); on the U55 within the size limits below (those ExecuTorch's U55
 # support checks use).
@@ -206,7 +215,8 @@ def ethos_u_problem(node: Any, name: str, target: str = "ethos-u55-128") -> str 
     elementwise = name in ("aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor")
     free_rank = elementwise or name in ("aten.cat.default", "aten.view_copy.default", "aten._unsafe_view.default",
                                         "aten.constant_pad_nd.default", "aten.squeeze_copy.dims",
-                                        "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default", "aten.clone.default")
+                                        "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default", "aten.clone.default",
+                                        "aten.alias_copy.default")
     activations = [node, *(a for a in node.args[:2] if hasattr(a, "meta") and elementwise or a is node.args[0])]
     for n in activations:
         s = shape_of(n)

@@ -8,11 +8,12 @@ operators:
   (``_safe_softmax`` only differs on rows that are all ``-inf``, which a finite int8 input never has);
 * ``layer_norm`` -> ``mean``, ``sub``, ``mul`` (square), ``mean``, ``add`` (eps), ``rsqrt``, ``mul``, then the
   affine ``mul`` / ``add``;
-* ``scaled_dot_product_attention`` without a mask, dropout or causal flag -> reshape to 3-D, ``transpose``,
+* ``scaled_dot_product_attention`` without dropout or causal flag -> reshape to 3-D, ``transpose``,
   ``bmm``, ``mul`` (scale), softmax as above, ``bmm``, reshape back. A boolean mask computed from constants
   alone that keeps every position (what Hugging Face models build when given no mask) is dropped: attending with
-  it is exactly attending without one. Attention with any other mask or ``is_causal`` is left whole (it stays in
-  float).
+  it is exactly attending without one. Any other mask computed from constants alone (a decoder's causal mask)
+  becomes an additive float constant (``-inf`` -> -256, see :mod:`edgeport_arm.fold`) added to the scores
+  before softmax. Attention with a mask that depends on an input, or ``is_causal``, is left whole (float).
 
 Also, a ``select`` of a transposed tensor becomes a ``select`` of the tensor itself when that leaves the other
 dimensions in order (torch's multi-head attention splits q / k / v that way, through a rank-5 transpose that
@@ -30,6 +31,8 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
+
+from edgeport_arm.fold import NEG_INF, POS_INF
 
 __all__ = ["decompose_for_annotation"]
 
@@ -123,12 +126,39 @@ def _mask_is_trivial(gm: GraphModule, mask: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype == torch.bool and bool(value.all())
 
 
+def _additive_mask(b: _Builder, mask: Any, shape: Sequence[int]) -> Node | None | bool:
+    """A constant mask (boolean, or float additive) as an additive float constant broadcast to the scores'
+    ``shape`` (then flattened to ``[batch, q, k]``) (``-inf`` -> :data:`~edgeport_arm.fold.NEG_INF`); ``None`` for no mask at all;
+    ``False`` when the mask depends on a graph input."""
+    if _mask_is_trivial(b.gm, mask):
+        return None
+    value = _constant(b.gm, mask, [400])
+    if not isinstance(value, torch.Tensor):
+        return False
+    if value.dtype == torch.bool:
+        value = torch.where(value, 0.0, NEG_INF)
+    elif not value.is_floating_point():
+        return False
+    try:  # shape: the scores' [..., q, k]; the result is [prod(...), q, k] as the 3-D bmm gives them
+        value = torch.broadcast_to(value.float(), tuple(shape)).reshape(-1, *shape[-2:])
+    except RuntimeError:
+        return False
+    value = torch.nan_to_num(value, posinf=POS_INF, neginf=NEG_INF).clamp(NEG_INF, POS_INF).contiguous()
+    count = 0
+    while hasattr(b.gm, name := f"_edgeport_mask_{count}"):
+        count += 1
+    b.gm.register_buffer(name, value)
+    with b.graph.inserting_before(b.anchor):
+        node = b.graph.get_attr(name)
+    node.meta["val"] = torch.empty_like(value) if b.mode is None else b.mode.from_tensor(value)
+    return node
+
+
 def _attention(b: _Builder, node: Node) -> Node | None:
     q, k, v = node.args[:3]
     extra = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), node.args[3:]))
     extra.update(node.kwargs)
-    if not _mask_is_trivial(b.gm, extra.get("attn_mask")) or extra.get("dropout_p", 0.0) \
-            or extra.get("is_causal", False) or extra.get("enable_gqa", False):
+    if extra.get("dropout_p", 0.0) or extra.get("is_causal", False) or extra.get("enable_gqa", False):
         return None
     qs, ks, vs = (tuple(_val(t).shape) for t in (q, k, v))
     if any(not isinstance(d, int) for d in (*qs, *ks, *vs)) or qs[:-2] != ks[:-2] or ks[:-1] != vs[:-1]:
@@ -139,7 +169,12 @@ def _attention(b: _Builder, node: Node) -> Node | None:
     q3 = b(_aten.reshape.default, q, [batch, qs[-2], qs[-1]])
     k3 = b(_aten.reshape.default, k, [batch, ks[-2], ks[-1]])
     v3 = b(_aten.reshape.default, v, [batch, vs[-2], vs[-1]])
+    mask = _additive_mask(b, extra.get("attn_mask"), (*qs[:-1], ks[-2]))
+    if mask is False:
+        return None
     scores = b(_aten.mul.Tensor, b(_aten.bmm.default, q3, b(_aten.transpose.int, k3, 1, 2)), scale)
+    if mask is not None:
+        scores = b(_aten.add.Tensor, scores, mask)
     out = b(_aten.bmm.default, _softmax(b, scores, 2), v3)
     return b(_aten.reshape.default, out, [*qs[:-1], vs[-1]])
 

@@ -38,6 +38,7 @@ from edgeport_arm.capabilities import (
     ALL_CAPABILITIES,
     DEQUANTIZE,
     DEQUANTIZE_PER_CHANNEL,
+    INT8_TABLES,
     INT8_UNSUPPORTED,
     INT16_SUPPORTED,
     QUANTIZE,
@@ -86,6 +87,10 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
             return f"{name}: a quantized graph needs an integer profile (TosaCompileSpec('TOSA-1.0+INT'))"
         if self.integer and name in INT8_UNSUPPORTED:
             return f"{name}: {INT8_UNSUPPORTED[name]}"
+        if self.integer and name in INT8_TABLES and not (
+                len(node.users) == 1 and op_name(next(iter(node.users)).target) == QUANTIZE):
+            return (f"{name}: an int8 lookup table needs a quantize as its only user (its output parameters); "
+                    "this one's result stays in float")
         if self.integer and reads_or_writes_int16(node):
             if "int16" not in self.compile_spec.specification.extensions:
                 return f"{name}: int16 activations need the int16 extension ('TOSA-1.0+INT+int16')"
@@ -248,10 +253,11 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
-        """Keep ``linear``, ``hardswish``, ``gelu`` and ``max_pool2d`` whole: each is one TOSA pattern (or one int8
+        """Keep ``linear``, ``hardswish``, ``gelu``, ``silu`` and ``max_pool2d`` whole: each is one TOSA pattern (or one int8
         TABLE); a ``max_pool2d`` kept whole has no int64 indices output."""
         aten = torch.ops.aten
-        return [aten.linear.default, aten.hardswish.default, aten.gelu.default, aten.max_pool2d.default], None
+        return [aten.linear.default, aten.hardswish.default, aten.gelu.default, aten.silu.default,
+                aten.max_pool2d.default], None
 
 
 class TOSAPartitioner(_ArmPartitioner):

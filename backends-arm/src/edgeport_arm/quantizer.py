@@ -16,12 +16,14 @@ bias, rounded only at lowering, put the pt2e model and the integer graph one ste
 outputs of a BatchNorm-folded convolution, which a deep CNN amplifies; a16w8 keeps float biases, quantized to
 int48 by the lowering); a relu / relu6 / hardtanh / clamp right after a convolution, linear, add or mul
 is fused (only its output is quantized). Max pooling, reshapes, permutes and padding share their input's
-parameters, and so does ``amax``. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` / ``exp`` / ``reciprocal`` /
-``rsqrt`` get their own output parameters (they become int8 lookup tables), and so do ``mean`` and ``sum`` (an
+parameters, and so do ``amax`` and ``expand`` / ``repeat``. ``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` /
+``silu`` / ``exp`` / ``reciprocal`` / ``rsqrt`` get their own output parameters (they become int8 lookup tables),
+and so do ``neg`` and ``pow`` by 2 or 3 (int32 SUB / MULs, rescaled once), and so do ``mean`` and ``sum`` (an
 int32 sum rescaled once) and average pooling over an even number of elements: on the input's own scale such an
 average has exact .5 ties, which integer hardware rounds up where torch rounds to even. Average pooling over an
 odd number of elements (at most 255, no padding) shares its input's parameters: it can have no tie, so TOSA's
-AVG_POOL2D rounds it as torch does and no RESCALE follows it (ExecuTorch's choice, and Vela's cycles). Softmax, layer norm and unmasked attention are decomposed
+AVG_POOL2D rounds it as torch does and no RESCALE follows it (ExecuTorch's choice, and Vela's cycles). Constants are folded first (a decoder's mask and rotary
+tables, :mod:`edgeport_arm.fold`); softmax, layer norm and attention are decomposed
 into those primitives before annotation (:mod:`edgeport_arm.decompose`); what has no int8 lowering stays float,
 and ``EthosUPartitioner`` then names it unless it is given ``cpu_fallback=True``. ``node_filter`` leaves chosen
 nodes in float.
@@ -44,6 +46,7 @@ from edgeport.aot import quantizer_base as qb
 from edgeport.node_helpers import int_pair
 from edgeport.node_helpers import node_arg as _arg
 from edgeport_arm.decompose import decompose_for_annotation
+from edgeport_arm.fold import fold_for_annotation
 from edgeport_arm.options import EthosUCompileSpec, TosaCompileSpec
 
 __all__ = ["EthosUQuantizer", "TOSAQuantizer"]
@@ -56,7 +59,11 @@ _MATMUL = {_aten.matmul.default, _aten.bmm.default, _aten.mm.default}
 _CLAMPS = {_aten.relu.default, _aten.relu_.default, _aten.hardtanh.default, _aten.hardtanh_.default,
            _aten.clamp.default, _aten.clamp_.default, _aten.relu6.default}
 _TABLES = {_aten.sigmoid.default, _aten.tanh.default, _aten.hardswish.default, _aten.hardswish_.default,
-           _aten.gelu.default, _aten.exp.default, _aten.reciprocal.default, _aten.rsqrt.default}
+           _aten.gelu.default, _aten.exp.default, _aten.reciprocal.default, _aten.rsqrt.default,
+           _aten.silu.default, _aten.silu_.default}
+# own output parameters, computed in int32: negation (its range mirrors the input's) and small integer powers
+_OWN = {_aten.neg.default}
+_POWERS = {_aten.pow.Tensor_Scalar}
 # averages get their own output parameters: on the input's scale, exact .5 ties are frequent and integer
 # hardware rounds them differently from torch -- except pools over an odd count (_tie_free_pool)
 _AVERAGES = {_aten.avg_pool2d.default, _aten.adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sum.dim_IntList}
@@ -67,7 +74,8 @@ _SHARED = {_aten.max_pool2d.default, _aten.view.default, _aten.reshape.default, 
            _aten.squeeze.dims, _aten.squeeze.default, _aten.unsqueeze.default, _aten.permute.default,
            _aten.transpose.int, _aten.dropout.default, _aten.clone.default, _aten.contiguous.default,
            _aten.pad.default, _aten.constant_pad_nd.default, _aten.slice.Tensor, _aten._unsafe_view.default,
-           _aten.select.int, _aten.unflatten.int, _aten.amax.default}
+           _aten.select.int, _aten.unflatten.int, _aten.amax.default, _aten.expand.default,
+           _aten.expand_copy.default, _aten.repeat.default, _aten.alias.default}
 
 
 def _fusable(node: Node) -> bool:
@@ -128,9 +136,10 @@ class _ArmQuantizer(qb.BackendQuantizer):
         return f"{type(self).__name__}({self.compile_spec!r}, observer={self.observer!r}{extra})"
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        """Softmax, layer norm and unmasked attention become primitives, each quantized on its own
-        (:func:`~edgeport_arm.decompose.decompose_for_annotation`)."""
-        return decompose_for_annotation(model)
+        """Constants folded (masks, rotary tables), no-op casts dropped, constant-weight ``addmm`` made
+        ``linear`` (:func:`~edgeport_arm.fold.fold_for_annotation`); then softmax, layer norm and attention become
+        primitives, each quantized on its own (:func:`~edgeport_arm.decompose.decompose_for_annotation`)."""
+        return decompose_for_annotation(fold_for_annotation(model))
 
     def annotate(self, model: GraphModule) -> GraphModule:
         for node in self.candidates(model):
@@ -152,6 +161,8 @@ class _ArmQuantizer(qb.BackendQuantizer):
                 tensors = [a for a in node.args[0] if qb.is_float_tensor(a)]
                 if tensors and len(tensors) == len(node.args[0]):
                     self.mark(node, {a: self.act for a in tensors}, self.act)
+            elif t in _OWN or (t in _POWERS and node.args[1] in (2, 3) and not isinstance(node.args[1], bool)):
+                self.annotate_own(node, self.act)
             elif t in _SHARED or t in _CLAMPS:
                 self.annotate_shared(node, self.act)
         return model

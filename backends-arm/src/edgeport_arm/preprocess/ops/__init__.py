@@ -20,6 +20,7 @@ from edgeport_arm.preprocess.ops import (
     slice,
     softmax,
     table,
+    tile,
 )
 
 LOWERINGS: dict[str, LoweringFn] = {
@@ -34,6 +35,9 @@ LOWERINGS: dict[str, LoweringFn] = {
     "aten.mul.Scalar": binary.multiply_scalar,
     "aten.add.Scalar": binary.add_scalar,
     "aten.pow.Tensor_Scalar": binary.power,
+    "aten.neg.default": binary.negate,
+    "aten.expand_copy.default": tile.expand,
+    "aten.silu.default": table.silu,
     "aten.relu.default": activation.relu,
     "aten.hardtanh.default": activation.hardtanh,
     "aten.clamp.default": activation.clamp,
@@ -59,6 +63,7 @@ LOWERINGS: dict[str, LoweringFn] = {
     "aten.squeeze_copy.dim": reshape.reshape,
     "aten.unsqueeze_copy.default": reshape.reshape,
     "aten.clone.default": reshape.clone,
+    "aten.alias_copy.default": reshape.clone,
     "aten.permute_copy.default": permute.permute,
     "aten.cat.default": cat.cat,
     "aten.slice_copy.Tensor": slice.slice_copy,

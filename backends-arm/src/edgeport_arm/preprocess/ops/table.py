@@ -1,4 +1,4 @@
-"""``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu``: one int8 TABLE in integer graphs (the 256 results of the
+"""``sigmoid`` / ``tanh`` / ``hardswish`` / ``gelu`` / ``silu`` (and ``exp`` / ``reciprocal`` / ``rsqrt``): one int8 TABLE in integer graphs (the 256 results of the
 float function on every input code, quantized with the parameters of the quantize that follows); native SIGMOID
 / TANH, or a few arithmetic operators, in float graphs."""
 
@@ -58,6 +58,20 @@ def tanh(ctx: Lowering, node: torch.fx.Node) -> Value:
         return _table(ctx, node, np.tanh)
     x = ctx.value(node.args[0])
     return x.with_(name=unary(ctx, Op.TANH, "TanhAttribute", x.name, x.shape, DType.FP32))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    # float32 as the pt2e model computes it (its quantize then rounds that value)
+    return np.asarray(torch.nn.functional.silu(torch.from_numpy(x.astype(np.float32))).numpy(), np.float64)
+
+
+def silu(ctx: Lowering, node: torch.fx.Node) -> Value:
+    """SiLU (``x * sigmoid(x)``): one int8 TABLE; SIGMOID then MUL in float graphs."""
+    if ctx.integer:
+        return _table(ctx, node, _silu)
+    x = ctx.value(node.args[0])
+    gate = unary(ctx, Op.SIGMOID, "SigmoidAttribute", x.name, x.shape, DType.FP32)
+    return x.with_(name=mul(ctx, x.name, gate, x.shape, DType.FP32))
 
 
 def hardswish(ctx: Lowering, node: torch.fx.Node) -> Value:
