@@ -182,11 +182,12 @@ def test_dynamic_nodes_are_delegated(name):
 
 def test_blob_declares_upper_bounds_and_executorch_encoding():
     """The heads model: values at the bound, each reshape infers the one dynamic dim (0 in new_shape), and the
-    symbolic size the view reads is a delegate argument without a value (an unused external id)."""
+    symbolic size the view reads is a delegate argument without a value (an unused external id); the scalars 2.0
+    and 1.0 are arguments too, backed by program constants (see edgeport_xnnpack.preprocess.constant_inputs)."""
     (graph,) = _blobs(_edgeport("heads")[0])
     externals = sorted((v.external_id, v.flags, v.dims) for v in graph.values if v.flags)
-    assert externals == [(0, 1, [1, BOUND, 32]), (2, 2, [1, BOUND, 32])]
-    assert graph.num_externs == 3
+    assert externals == [(0, 1, [1, BOUND, 32]), (2, 1, [1]), (3, 1, [1]), (4, 2, [1, BOUND, 32])]
+    assert graph.num_externs == 5
     reshapes = [n for n in graph.nodes if n.kind == "XNNStaticReshape"]
     assert reshapes and all(list(n.get("new_shape")).count(0) == 1 for n in reshapes)
     dims = {v.id_out: v.dims for v in graph.values}
@@ -367,12 +368,13 @@ def test_shape_no_node_can_follow_is_a_clear_error():
     lp = load_pte(pte)
     ex = XnnpackExecutor(num_threads=1)
     handle = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data)
+    scalars = [np.array([2.0], np.float32), np.array([1.0], np.float32)]  # the program's constant arguments
     try:
-        with pytest.raises(RuntimeExecutionError, match=r"cannot run input shapes \[\[1, 5, 32\]\]: xnodes\[\d+\] "
-                           r"\(XNNStaticReshape\): static reshape .* marks no dim as dynamic"):
-            ex.execute(handle, [np.zeros((1, 5, 32), np.float32)])
+        with pytest.raises(RuntimeExecutionError, match=r"cannot run input shapes \[\[1, 5, 32\], \[1\], \[1\]\]: "
+                           r"xnodes\[\d+\] \(XNNStaticReshape\): static reshape .* marks no dim as dynamic"):
+            ex.execute(handle, [np.zeros((1, 5, 32), np.float32), *scalars])
         x = np.random.default_rng(0).standard_normal((1, 8, 32)).astype(np.float32)
-        (got,) = ex.execute(handle, [x])  # the declared shape still runs
+        (got,) = ex.execute(handle, [x, *scalars])  # the declared shape still runs
         np.testing.assert_allclose(got, x * 2.0 + 1.0, rtol=1e-6)
     finally:
         ex.destroy(handle)

@@ -66,13 +66,23 @@ def externalize_unpacked(graph: Graph, data: bytes | bytearray | memoryview) -> 
     view = memoryview(data).cast("B")
     num_args = graph.num_externs - len(graph.output_ids)
     tensors: list[torch.Tensor] = []
+    by_content: dict[tuple[tuple[int, ...], bytes], int] = {}  # equal operands (each layer's epsilon): one argument
     for vid, where in uses.items():
         v = values[vid]
         unpacked = [(n, f) for n, f in where if f not in PACKED_FIELDS.get(graph.nodes[n].kind, ())]
         if not unpacked or v.datatype != _FP32 or v.quant is not None:
             continue
-        tensors.append(_tensor(graph, view, v))
+        tensor = _tensor(graph, view, v)
+        key = (tuple(v.dims), tensor.numpy().tobytes())
+        if key in by_content:
+            for n, f in unpacked:
+                graph.nodes[n].fields[f] = by_content[key]
+            if len(unpacked) == len(where):  # nothing reads it any more: an unused internal value
+                v.constant_buffer_idx = 0
+            continue
+        tensors.append(tensor)
         ext = num_args + len(tensors) - 1
+        by_content[key] = vid if len(unpacked) == len(where) else len(graph.values)
         if len(unpacked) == len(where):  # no packed use: the value itself becomes the argument
             v.constant_buffer_idx, v.flags, v.external_id = 0, _EXTERNAL_INPUT, ext
             graph.input_ids.append(vid)
