@@ -61,16 +61,21 @@ def _compute(node: Any, count_qdq: bool) -> bool:
 
 
 def delegated_ops(program: Any, count_qdq: bool = False) -> tuple[int, int]:
-    """(compute ops inside delegates, all compute ops) of a lowered ``ExportedProgram`` (or an
-    ``EdgeProgramManager``); quantize / dequantize nodes counted only with ``count_qdq``."""
-    from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
-
+    """(compute ops inside delegates, all compute ops) of a lowered ``ExportedProgram`` or an
+    ``EdgeProgramManager`` -- edgeport's or ExecuTorch's (delegate calls read their lowered module's
+    ``original_module``); quantize / dequantize nodes counted only with ``count_qdq``."""
     ep = program.exported_program() if hasattr(program, "exported_program") else program
     inside = outside = 0
     for n in ep.graph.nodes:
-        if is_call_delegate(n):
-            inner = lookup_lowered_module(n.args[0]).original_module.graph.nodes
-            inside += sum(1 for m in inner if _compute(m, count_qdq))
+        if n.op == "call_function" and "call_delegate" in str(getattr(n.target, "__name__", n.target)):
+            key = n.args[0]
+            if isinstance(key, str):  # edgeport: the lowered module's registry key
+                from edgeport.aot.delegate_op import lookup_lowered_module
+
+                lowered = lookup_lowered_module(key)
+            else:  # ExecuTorch: a get_attr of the lowered module
+                lowered = getattr(ep.graph_module, key.target)
+            inside += sum(1 for m in lowered.original_module.graph.nodes if _compute(m, count_qdq))
         elif _compute(n, count_qdq):
             outside += 1
     return inside, inside + outside
