@@ -38,14 +38,9 @@ sys.path.insert(0, str(BENCH_DIR))
 from architectures import write_section  # noqa: E402  (bench/ is not a package)
 from xnnpack_bench.machine import cpu_model  # noqa: E402
 
+from edgeport.testing.int8_suite import sqnr_db  # noqa: E402
+
 SECTION_TITLE = "## Architecture suite: QNN"
-
-
-def _sqnr(got: Any, want: Any) -> float:
-    import numpy as np
-
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(10 * np.log10((want ** 2).sum() / max(((got - want) ** 2).sum(), 1e-30)))
 
 
 def _fail(exc: BaseException) -> str:
@@ -83,27 +78,20 @@ def fp32(arch: Any) -> dict[str, Any]:
 
 def int8(arch: Any) -> dict[str, Any]:
     import torch
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     import edgeport
     from edgeport.aot.delegate_op import is_call_delegate, lookup_lowered_module
     from edgeport.testing.architectures import eager_outputs
+    from edgeport.testing.int8_suite import pt2e_convert
     from edgeport_qnn import QnnPartitioner
     from edgeport_qnn.quantizer import QnnQuantizer
 
     inputs = arch.example_inputs
-    prepared = prepare_pt2e(torch.export.export(arch.model, inputs).module(), QnnQuantizer())
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(4):
-        x = inputs[0]
-        prepared(torch.randint(0, arch.vocab, x.shape, generator=gen) if arch.kind == "text"
-                 else torch.randn(x.shape, generator=gen))
-    prepared(*inputs)
-    converted = convert_pt2e(prepared)
+    converted = pt2e_convert(arch, QnnQuantizer())
     eager = eager_outputs(arch)
     with torch.no_grad():
         oracle = converted(*inputs).numpy()
-    row: dict[str, Any] = {"pt2e": _sqnr(oracle, eager)}
+    row: dict[str, Any] = {"pt2e": sqnr_db(oracle, eager)}
     start = time.perf_counter()
     try:
         edge = edgeport.to_edge_transform_and_lower(torch.export.export(converted, inputs),
@@ -126,7 +114,7 @@ def int8(arch: Any) -> dict[str, Any]:
     row.update(lowered="yes", seconds=time.perf_counter() - start, ops=(inside, outside), delegates=delegates)
     try:
         got = _run(buffer, inputs)
-        row.update(ran="yes", sqnr=_sqnr(got, eager), vs_pt2e=_sqnr(got, oracle))
+        row.update(ran="yes", sqnr=sqnr_db(got, eager), vs_pt2e=sqnr_db(got, oracle))
     except Exception as exc:  # noqa: BLE001
         row["ran"] = _fail(exc)
     return row

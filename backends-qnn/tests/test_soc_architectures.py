@@ -27,6 +27,7 @@ import torch
 import edgeport
 from edgeport.runtime import Runtime
 from edgeport.testing.architectures import ARCHITECTURES, Architecture, assert_close_to_scale, eager_outputs
+from edgeport.testing.int8_suite import pt2e_convert, sqnr_db
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("requires_qnn")
@@ -45,11 +46,6 @@ def _run(program, inputs) -> np.ndarray:
     return method.execute([x.numpy() for x in inputs])[0]
 
 
-def _sqnr(got: np.ndarray, want: np.ndarray) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(10 * np.log10((want ** 2).sum() / max(((got - want) ** 2).sum(), 1e-30)))
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_fp32(name):
     arch = _arch(name)
@@ -61,28 +57,19 @@ def test_fp32(name):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_INT8 else pytest.mark.slow)
                                   for n in NAMES])
 def test_int8(name):
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
     from edgeport_qnn import QnnPartitioner
     from edgeport_qnn.quantizer import QnnQuantizer
 
     arch = _arch(name)
     inputs = arch.example_inputs
-    prepared = prepare_pt2e(torch.export.export(arch.model, inputs).module(), QnnQuantizer())
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(4):
-        x = inputs[0]
-        prepared(torch.randint(0, arch.vocab, x.shape, generator=gen) if arch.kind == "text"
-                 else torch.randn(x.shape, generator=gen))
-    prepared(*inputs)
-    converted = convert_pt2e(prepared)
+    converted = pt2e_convert(arch, QnnQuantizer())
     eager = eager_outputs(arch)
     with torch.no_grad():
         oracle = converted(*inputs).numpy()
     ep_converted = torch.export.export(converted, inputs)
     program = edgeport.to_edge_transform_and_lower(ep_converted, partitioner=[QnnPartitioner()]).to_executorch()
     got = _run(program, inputs)
-    ours, theirs = _sqnr(got, eager), _sqnr(oracle, eager)
+    ours, theirs = sqnr_db(got, eager), sqnr_db(oracle, eager)
     if theirs < 0:  # the pt2e model does not represent eager at all (e.g. an output far below one output step)
         (out,) = [n for n in ep_converted.graph.nodes if n.op == "output"][0].args[0]
         step = float(out.args[1]) if "dequantize_per_tensor" in str(out.target) else float(np.abs(oracle).max())
@@ -90,4 +77,4 @@ def test_int8(name):
                                                        "than 2 output steps from the pt2e model"
         return
     assert ours >= theirs - 1.0, f"{name}: QNN {ours:.1f} dB vs eager; its pt2e model {theirs:.1f} dB " \
-                                 f"(QNN vs pt2e {_sqnr(got, oracle):.1f} dB)"
+                                 f"(QNN vs pt2e {sqnr_db(got, oracle):.1f} dB)"
