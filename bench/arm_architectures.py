@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-executorch", action="store_true", help="do not lower with ExecuTorch (cached results are "
                     "still shown)")
     ap.add_argument("--no-fp", action="store_true", help="skip TOSA FP")
+    ap.add_argument("--no-int8", action="store_true", help="skip Ethos-U int8 (e.g. to run the FP table in another "
+                    "process)")
     ap.add_argument("--only", nargs="*", help="architecture names")
     ap.add_argument("--executorch-cache", type=Path, help="JSON file of ExecuTorch's results, read and extended (its "
                     "lowering does not depend on edgeport's code)")
@@ -250,18 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         arch = ARCHITECTURES[name]()
         try:
-            q = ours_int8(arch, args.target)
-            et_q = executorch(arch, name, "int8")
+            q = {"lowered": "-"} if args.no_int8 else ours_int8(arch, args.target)
+            et_q = {} if args.no_int8 else executorch(arch, name, "int8")
             fp = {} if args.no_fp else ours_fp(arch)
             et_fp = {} if args.no_fp else executorch(arch, name, "fp")
         except Exception:  # noqa: BLE001 - keep going, show the failure
             traceback.print_exc()
             continue
         within = "-" if "sqnr" not in q else ("yes" if q["sqnr"] >= q["pt2e_sqnr"] - 1.0 else "**no**")
-        q_rows.append(f"| {name} | {q['lowered']} | {q.get('ran', '-')} | {_db(q.get('sqnr'))} | "
-                      f"{_db(q.get('pt2e_sqnr'))} | {within} | {_db(q.get('vs_pt2e'))} | {_pct(q)} | "
-                      f"{et_q.get('lowered', '-')} | {_pct(et_q)} |")
-        print(q_rows[-1], file=sys.stderr, flush=True)
+        if not args.no_int8:
+            q_rows.append(f"| {name} | {q['lowered']} | {q.get('ran', '-')} | {_db(q.get('sqnr'))} | "
+                          f"{_db(q.get('pt2e_sqnr'))} | {within} | {_db(q.get('vs_pt2e'))} | {_pct(q)} | "
+                          f"{et_q.get('lowered', '-')} | {_pct(et_q)} |")
+            print(q_rows[-1], file=sys.stderr, flush=True)
         if not args.no_fp:
             err = f"{fp['error']:.1e}" if "error" in fp else "-"
             fp_rows.append(f"| {name} | {fp['lowered']} | {fp.get('ran', '-')} | {err} | {_pct(fp)} | "
