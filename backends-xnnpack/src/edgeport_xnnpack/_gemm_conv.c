@@ -33,18 +33,21 @@ struct conv_job {
     const float *a[MR];                                                                                    \
     for (int r = 0; r < MR; r++) {                                                                         \
         int64_t o = off[r];                                                                                \
-        a[r] = o < 0 ? j->zero : j->x + o;                                                                 \
+        a[r] = o < 0 ? j->zero : x + o;                                                                    \
     }                                                                                                      \
     off += MR;
 
-__attribute__((target("avx512f"))) static void conv_7x32(const struct conv_job *j, Py_ssize_t tile, Py_ssize_t p) {
-    const Py_ssize_t c = j->c, c0 = p * 32;
-    const float *w = j->w + p * j->taps * c * 32;
-    const int64_t *off = j->offsets + tile * j->taps * 7;
+/* one micro-kernel call: pixels r0.. of the output against panel p, reading `taps` rows of `c` floats per pixel
+   at x + off[tap][row] (-1: the zero row) */
+
+__attribute__((target("avx512f"))) static void conv_7x32(const struct conv_job *j, const float *x, const int64_t *off,
+                                                          Py_ssize_t taps, Py_ssize_t c, Py_ssize_t r0, Py_ssize_t p) {
+    const Py_ssize_t c0 = p * 32;
+    const float *w = j->w + p * taps * c * 32;
     __m512 b0 = _mm512_loadu_ps(j->bias + c0), b1 = _mm512_loadu_ps(j->bias + c0 + 16);
     __m512 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1, c30 = b0, c31 = b1, c40 = b0, c41 = b1,
            c50 = b0, c51 = b1, c60 = b0, c61 = b1;
-    for (Py_ssize_t t = 0; t < j->taps; t++) {
+    for (Py_ssize_t t = 0; t < taps; t++) {
         CONV_PTRS(7)
         for (Py_ssize_t i = 0; i < c; i++) {
             __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
@@ -74,7 +77,7 @@ __attribute__((target("avx512f"))) static void conv_7x32(const struct conv_job *
     }
     __m512 acc[7][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}};
     const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
-    Py_ssize_t cols = j->n - c0 < 32 ? j->n - c0 : 32, r0 = tile * 7;
+    Py_ssize_t cols = j->n - c0 < 32 ? j->n - c0 : 32;
     __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
     __mmask16 m1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols > 16 ? (1u << (cols - 16)) - 1u : 0u);
     for (Py_ssize_t r = 0; r < 7 && r0 + r < j->m; r++) {
@@ -84,14 +87,14 @@ __attribute__((target("avx512f"))) static void conv_7x32(const struct conv_job *
     }
 }
 
-__attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job *j, Py_ssize_t tile, Py_ssize_t p) {
-    const Py_ssize_t c = j->c, c0 = p * 16;
-    const float *w = j->w + p * j->taps * c * 16;
-    const int64_t *off = j->offsets + tile * j->taps * 6;
+__attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job *j, const float *x, const int64_t *off,
+                                                           Py_ssize_t taps, Py_ssize_t c, Py_ssize_t r0, Py_ssize_t p) {
+    const Py_ssize_t c0 = p * 16;
+    const float *w = j->w + p * taps * c * 16;
     __m256 b0 = _mm256_loadu_ps(j->bias + c0), b1 = _mm256_loadu_ps(j->bias + c0 + 8);
     __m256 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1, c30 = b0, c31 = b1, c40 = b0, c41 = b1,
            c50 = b0, c51 = b1;
-    for (Py_ssize_t t = 0; t < j->taps; t++) {
+    for (Py_ssize_t t = 0; t < taps; t++) {
         CONV_PTRS(6)
         for (Py_ssize_t i = 0; i < c; i++) {
             __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
@@ -118,7 +121,7 @@ __attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job 
     }
     __m256 acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     const __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi);
-    Py_ssize_t cols = j->n - c0 < 16 ? j->n - c0 : 16, r0 = tile * 6;
+    Py_ssize_t cols = j->n - c0 < 16 ? j->n - c0 : 16;
     for (Py_ssize_t r = 0; r < 6 && r0 + r < j->m; r++) {
         float *o = j->out + (r0 + r) * j->n + c0;
         __m256 v0 = _mm256_min_ps(_mm256_max_ps(acc[r][0], lo), hi);
@@ -135,18 +138,44 @@ __attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job 
     }
 }
 
+/* Few channels per tap (a CNN's stem: 3): the per-tap pointer work would rival the multiply-adds, so each tile's
+   taps are first copied into one row per pixel (zeros for padding taps: the same (tap, channel) sequence, so the
+   same sums), then multiplied as a single tap of taps * c channels. */
+#define GATHER_MAX_C 8
+#define GATHER_MAX_K 512
+
+static void conv_tile(const struct conv_job *j, Py_ssize_t t, Py_ssize_t p) {
+    const int64_t *off = j->offsets + t * j->taps * j->mr;
+    if (j->c <= GATHER_MAX_C && j->taps * j->c <= GATHER_MAX_K) {
+        float rows[7 * GATHER_MAX_K];
+        int64_t starts[7];
+        Py_ssize_t k = j->taps * j->c;
+        for (Py_ssize_t r = 0; r < j->mr; r++) {
+            starts[r] = r * k;
+            for (Py_ssize_t tap = 0; tap < j->taps; tap++) {
+                int64_t o = off[tap * j->mr + r];
+                memcpy(rows + r * k + tap * j->c, o < 0 ? j->zero : j->x + o, (size_t)j->c * sizeof(float));
+            }
+        }
+        if (j->mr == 7)
+            conv_7x32(j, rows, starts, 1, k, t * 7, p);
+        else
+            conv_6x16(j, rows, starts, 1, k, t * 6, p);
+    } else if (j->mr == 7) {
+        conv_7x32(j, j->x, off, j->taps, j->c, t * 7, p);
+    } else {
+        conv_6x16(j, j->x, off, j->taps, j->c, t * 6, p);
+    }
+}
+
 /* item = (panel, block of pixel tiles), panel-major */
 static void conv_item(void *ctx, size_t index) {
     const struct conv_job *j = ctx;
     Py_ssize_t p = (Py_ssize_t)index / j->row_items, block = (Py_ssize_t)index % j->row_items;
     Py_ssize_t tiles = (j->m + j->mr - 1) / j->mr, t0 = block * j->tiles_per_item;
     Py_ssize_t t1 = t0 + j->tiles_per_item < tiles ? t0 + j->tiles_per_item : tiles;
-    for (Py_ssize_t t = t0; t < t1; t++) {
-        if (j->mr == 7)
-            conv_7x32(j, t, p);
-        else
-            conv_6x16(j, t, p);
-    }
+    for (Py_ssize_t t = t0; t < t1; t++)
+        conv_tile(j, t, p);
 }
 #endif
 
