@@ -1,6 +1,7 @@
 """The int8 lowerings decoders need on Ethos-U: ``expand`` (TILE, grouped-query attention's repeat_kv), ``pow`` by
 2 / 3 (RMSNorm's square: int32 MULs), ``neg`` and ``cat`` (rotary embeddings' rotate_half), ``silu`` (one TABLE),
-``addmm`` with constant weights (GPT-2's ``Conv1D``, made ``linear`` by the quantizer) and attention with a causal
+``addmm`` with constant weights (GPT-2's ``Conv1D``, made ``linear`` by the quantizer), ``split`` (GPT-2's
+q / k / v: SLICEs) and attention with a causal
 mask built from ``arange`` (folded into an additive constant before annotation).
 
 Each small model is quantized with ``EthosUQuantizer``, lowered with ``EthosUPartitioner`` (every compute op must
@@ -86,6 +87,18 @@ class Conv1D(torch.nn.Module):
         return out.view(*x.shape[:-1], 12)
 
 
+class SplitQKV(torch.nn.Module):
+    """GPT-2's fused q / k / v projection, split along the last axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(8, dim=2)
+        return q * k + v
+
+
 class CausalAttention(torch.nn.Module):
     """sdpa with a boolean causal mask built from ``arange`` (as Hugging Face's decoders build it)."""
 
@@ -104,6 +117,7 @@ CASES = {
     "silu": (SiluMlp, (1, 6, 8)),
     "addmm": (Conv1D, (1, 6, 8)),
     "causal_attention": (CausalAttention, (1, 6, 8)),
+    "split": (SplitQKV, (1, 6, 8)),
 }
 
 

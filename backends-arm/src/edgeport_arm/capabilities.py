@@ -116,6 +116,7 @@ _TABLE = (
     OpCapability("aten.cat.default", _F, _static, "CONCAT"),
     OpCapability("aten.slice_copy.Tensor", _F, _slice, "SLICE"),
     OpCapability("aten.select_copy.int", _F, _static, "SLICE + RESHAPE"),
+    OpCapability("aten.split_with_sizes_copy.default", _F, _static, "one SLICE per piece"),
     OpCapability("aten.constant_pad_nd.default", _F, _pad, "PAD"),
 )
 _QUANT = (

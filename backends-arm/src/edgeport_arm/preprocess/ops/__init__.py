@@ -68,6 +68,7 @@ LOWERINGS: dict[str, LoweringFn] = {
     "aten.cat.default": cat.cat,
     "aten.slice_copy.Tensor": slice.slice_copy,
     "aten.select_copy.int": slice.select,
+    "aten.split_with_sizes_copy.default": slice.split_with_sizes,
     "aten.constant_pad_nd.default": pad.constant_pad,
     "quantized_decomposed.quantize_per_tensor.default": quant.quantize_per_tensor,
     "quantized_decomposed.dequantize_per_tensor.default": quant.dequantize_per_tensor,

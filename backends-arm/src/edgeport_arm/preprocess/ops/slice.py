@@ -44,3 +44,24 @@ def select(ctx: Lowering, node: torch.fx.Node) -> Value:
              "SliceAttribute")
     shape = static_shape(node)
     return x.with_(name=ctx.g.reshape(out, shape, x.dtype), shape=shape)
+
+
+def split_with_sizes(ctx: Lowering, node: torch.fx.Node) -> tuple[Value, ...]:
+    """``split_with_sizes_copy`` (GPT-2's q / k / v split): one SLICE per piece along ``dim``; integer pieces keep
+    the input's parameters (a quantize after each rescales where its own differ)."""
+    x = ctx.nchw(ctx.settle(ctx.value(node.args[0])))
+    rank = len(x.shape)
+    sizes = [int(s) for s in node.args[1]]
+    dim = int(arg(node, 2, "dim", 0)) % rank
+    if sum(sizes) != x.shape[dim] or any(s < 0 for s in sizes):
+        raise LoweringError(f"split sizes {sizes} do not add up to dimension {dim} of shape {x.shape}")
+    pieces, start = [], 0
+    for size in sizes:
+        starts, shape = [0] * rank, list(x.shape)
+        starts[dim], shape[dim] = start, size
+        out = ctx.g.tensor(shape, x.dtype)
+        ctx.g.op(Op.SLICE, [x.name, ctx.g.shape_const(starts, "start"), ctx.g.shape_const(shape, "size")], [out],
+                 "SliceAttribute")
+        pieces.append(x.with_(name=out, shape=tuple(shape)))
+        start += size
+    return tuple(pieces)
