@@ -138,34 +138,12 @@ __attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job 
     }
 }
 
-/* Few channels per tap (a CNN's stem: 3): the per-tap pointer work would rival the multiply-adds, so each tile's
-   taps are first copied into one row per pixel (zeros for padding taps: the same (tap, channel) sequence, so the
-   same sums), then multiplied as a single tap of taps * c channels. */
-#define GATHER_MAX_C 8
-#define GATHER_MAX_K 512
-
 static void conv_tile(const struct conv_job *j, Py_ssize_t t, Py_ssize_t p) {
     const int64_t *off = j->offsets + t * j->taps * j->mr;
-    if (j->c <= GATHER_MAX_C && j->taps * j->c <= GATHER_MAX_K) {
-        float rows[7 * GATHER_MAX_K];
-        int64_t starts[7];
-        Py_ssize_t k = j->taps * j->c;
-        for (Py_ssize_t r = 0; r < j->mr; r++) {
-            starts[r] = r * k;
-            for (Py_ssize_t tap = 0; tap < j->taps; tap++) {
-                int64_t o = off[tap * j->mr + r];
-                memcpy(rows + r * k + tap * j->c, o < 0 ? j->zero : j->x + o, (size_t)j->c * sizeof(float));
-            }
-        }
-        if (j->mr == 7)
-            conv_7x32(j, rows, starts, 1, k, t * 7, p);
-        else
-            conv_6x16(j, rows, starts, 1, k, t * 6, p);
-    } else if (j->mr == 7) {
+    if (j->mr == 7)
         conv_7x32(j, j->x, off, j->taps, j->c, t * 7, p);
-    } else {
+    else
         conv_6x16(j, j->x, off, j->taps, j->c, t * 6, p);
-    }
 }
 
 /* item = (panel, block of pixel tiles), panel-major */

@@ -29,6 +29,10 @@ except ImportError:  # pragma: no cover - built without a C compiler
 
 #: ``EDGEPORT_XNNPACK_CONV_ISA=avx2`` runs the AVX2 kernel on an AVX-512 CPU (tests and the AVX2-emulated bench)
 ISA_ENV = "EDGEPORT_XNNPACK_CONV_ISA"
+# A stem's few input channels (3) make the per-tap pointer work rival the multiply-adds: there the 2022 library
+# was faster (MobileNetV2's and ResNet-18's stems 1.4-1.6x its time on the host kernel, even with the taps gathered
+# into one row first), so such convolutions stay in XNNPACK
+MIN_CHANNELS = 16
 _SHAPE = {2: (7, 32), 1: (6, 16)}  # kernel level -> (pixels, channels) of one micro-kernel call
 
 
@@ -47,8 +51,8 @@ def kernel_level() -> int:
 def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
               const: set[int]) -> tuple[int, int, int] | None:
     """``(pixels, taps * channels, output channels)`` of a float32 dense (one group, no dilation) convolution with
-    more than one tap and constant filter and bias that the kernel runs, else ``None``. 1x1 convolutions stay in
-    XNNPACK: MobileNetV2 has 35 of them between depthwise ones, and a host step each would cut its one XNNPACK
+    more than one tap, at least ``MIN_CHANNELS`` input channels and constant filter and bias that the kernel runs,
+    else ``None``. 1x1 convolutions stay in XNNPACK: MobileNetV2 has 35 of them between depthwise ones, and a host step each would cut its one XNNPACK
     runtime into ~70 steps."""
     if n.kind != "XNNConv2d" or n.get("flags"):
         return None
@@ -64,7 +68,7 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
     if len(ins) == 3 and dims[ins[2]] != (cols,):
         return None
     batch, _, _, c, kh, kw = geometry[:6]
-    if kh * kw == 1:
+    if kh * kw == 1 or c < MIN_CHANNELS:
         return None  # 1x1: a plain GEMM the 2022 library runs well enough that a step boundary does not pay
     return batch * geometry[10] * geometry[11], kh * kw * c, cols
 
