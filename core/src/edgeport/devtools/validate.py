@@ -138,7 +138,7 @@ def eager_run(ep: Any, sample: tuple[Any, ...]) -> tuple[list[Any], list[_Call]]
     top-level graph: inputs and outputs, in execution order. Returns (flat outputs, calls)."""
     import torch
 
-    from edgeport.aot.delegate_op import CALL_DELEGATE
+    from edgeport.aot.delegate_op import CALL_DELEGATE, lookup_lowered_module
 
     calls: list[_Call] = []
 
@@ -147,8 +147,11 @@ def eager_run(ep: Any, sample: tuple[Any, ...]) -> tuple[list[Any], list[_Call]]
             result = super().run_node(n)
             if n.op == "call_function" and n.target is CALL_DELEGATE:
                 args = self.map_nodes_to_values(n.args, n)
+                # a partition's standalone program holds the constants its backend handed back as arguments
+                extra = len(lookup_lowered_module(args[0]).constant_inputs)
+                inputs = list(args[1])[:len(args[1]) - extra]
                 calls.append(_Call(n.name, args[0], [a.clone() if isinstance(a, torch.Tensor) else a
-                                                     for a in args[1]], list(result)))
+                                                     for a in inputs], list(result)))
             return result
 
     gm = ep.module()
