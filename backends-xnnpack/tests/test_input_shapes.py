@@ -18,6 +18,11 @@ from edgeport_xnnpack import XnnpackPartitioner
 from edgeport_xnnpack.runtime import XnnpackExecutor
 
 
+#: the program's constant argument: the added 1.0 (a static operand XNNPACK does not pack is a trailing delegate
+#: argument, as in ExecuTorch's programs)
+ONE = np.array([1.0], np.float32)
+
+
 class ScaleBy(torch.nn.Module):
     def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return x * s + 1.0
@@ -40,7 +45,7 @@ def test_zero_d_scalar_for_a_declared_1_element_input(delegate):
     ex, handle = delegate
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
     for s in (np.array(0.25, np.float32), np.array([0.25], np.float32), np.array([[0.25]], np.float32)):
-        (got,) = ex.execute(handle, [x, s])
+        (got,) = ex.execute(handle, [x, s, ONE])
         np.testing.assert_allclose(got, x * 0.25 + 1.0, rtol=1e-6)
 
 
@@ -49,4 +54,4 @@ def test_other_shapes_are_refused_with_the_expected_one(delegate, shape):
     ex, handle = delegate
     x = np.zeros(shape, np.float32)
     with pytest.raises(RuntimeExecutionError, match=r"input 0 must be float32 of shape \[2, 3\]"):
-        ex.execute(handle, [x, np.array([1.0], np.float32)])
+        ex.execute(handle, [x, np.array([1.0], np.float32), ONE])
