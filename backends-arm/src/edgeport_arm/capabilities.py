@@ -105,6 +105,8 @@ _TABLE = (
                  "REDUCE_MAX, EXP, REDUCE_SUM, RECIPROCAL (int8: the quantizer decomposes it into the ops of this table)"),
     OpCapability("aten.native_layer_norm.default", _F, _static,
                  "REDUCE_SUM, RSQRT (int8: the quantizer decomposes it into the ops of this table)"),
+    OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _static,
+                 "MUL + ADD with folded per-channel constants (float graphs only)"),
     OpCapability("aten.view_copy.default", _F, _static, "RESHAPE"),
     OpCapability("aten._unsafe_view.default", _F, _static, "RESHAPE"),
     OpCapability("aten.squeeze_copy.dims", _F, _static, "RESHAPE"),
@@ -133,6 +135,9 @@ INT8_UNSUPPORTED: dict[str, str] = {
     "aten.native_layer_norm.default": "int8 layer norm is lowered from its decomposition (EthosUQuantizer / "
                                       "TOSAQuantizer decompose it before annotating); a whole layer norm here was "
                                       "left in float",
+    "aten._native_batch_norm_legit_no_training.default": "no int8 lowering of a batch norm (pt2e's prepare "
+                                                         "folds one that follows a convolution into it); this one "
+                                                         "was left in float",
 }
 # ops lowered to one int8 TABLE: their output parameters come from the quantize that must follow them
 INT8_TABLES = frozenset({

@@ -51,7 +51,8 @@ from edgeport_arm.trial import Refusal, find_refusals
 _DQS = (DEQUANTIZE, DEQUANTIZE_PER_CHANNEL)
 _MAX_TRIAL_ROUNDS = 64
 _CONSTANT_ARGS = {"aten.convolution.default": (1, 2), "aten.linear.default": (1, 2),
-                  "aten.native_layer_norm.default": (2, 3)}
+                  "aten.native_layer_norm.default": (2, 3),
+                  "aten._native_batch_norm_legit_no_training.default": (1, 2, 3, 4)}
 
 
 def arg_or_none(node: torch.fx.Node, index: int) -> object:

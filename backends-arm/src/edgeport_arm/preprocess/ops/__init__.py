@@ -5,6 +5,7 @@ from __future__ import annotations
 from edgeport_arm.preprocess.lowering import LoweringFn
 from edgeport_arm.preprocess.ops import (
     activation,
+    batch_norm,
     binary,
     cat,
     conv,
@@ -57,6 +58,7 @@ LOWERINGS: dict[str, LoweringFn] = {
     "aten.mean.dim": pool.mean_dim,
     "aten._softmax.default": softmax.softmax,
     "aten.native_layer_norm.default": layer_norm.layer_norm,
+    "aten._native_batch_norm_legit_no_training.default": batch_norm.batch_norm,
     "aten.view_copy.default": reshape.reshape,
     "aten._unsafe_view.default": reshape.reshape,
     "aten.squeeze_copy.dims": reshape.reshape,
