@@ -46,6 +46,7 @@ from edgeport_arm.capabilities import (
     reads_or_writes_int16,
 )
 from edgeport_arm.options import ETHOSU_BACKEND_ID, TOSA_BACKEND_ID, EthosUCompileSpec, TosaCompileSpec
+from edgeport_arm.preprocess.constants import constant_nodes
 from edgeport_arm.trial import Refusal, find_refusals
 
 _DQS = (DEQUANTIZE, DEQUANTIZE_PER_CHANNEL)
@@ -75,6 +76,7 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
         self._user_filter = node_filter
         self._constants: set[str] = set()
         self._verdicts: dict[torch.fx.Node, str | None] = {}
+        self._folded: set[torch.fx.Node] = set()
 
     # -- per-node rules -----------------------------------------------------------------------------------------
     def _is_constant(self, a: Any) -> bool:
@@ -112,6 +114,40 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
             if verdict is False or isinstance(verdict, str):
                 return verdict or "rejected by node_filter"
         return None
+
+    def check_node(self, node: torch.fx.Node) -> str | None:
+        if node in self._folded:  # computed from constants only: folded by the lowering, whatever its op
+            verdict = self.node_filter(node) if self.node_filter is not None else None
+            return verdict if isinstance(verdict, str) else ("rejected by node_filter" if verdict is False else None)
+        return super().check_node(node)
+
+    def _foldable(self, graph: torch.fx.Graph) -> set[torch.fx.Node]:
+        """Float graphs: the nodes computed from constants only whose users are all delegable (see
+        :mod:`edgeport_arm.preprocess.constants`)."""
+        derived = constant_nodes(graph, self._is_constant)
+        members = set(derived)
+        self.node_filter, self._folded = self._own_checks, set()
+        accepted: set[torch.fx.Node] = set()
+        cache: dict[torch.fx.Node, bool] = {}
+
+        def user_ok(u: torch.fx.Node) -> bool:
+            if u.op != "call_function":
+                return False  # a graph output: a delegate would return a constant
+            if u in members:
+                return u in accepted
+            if u.target.__name__ == "getitem":
+                return all(user_ok(x) for x in u.users)
+            if u not in cache:
+                cache[u] = super(_ArmPartitioner, self).check_node(u) is None
+            return cache[u]
+
+        try:
+            for node in reversed(derived):
+                if node.users and all(user_ok(u) for u in node.users):
+                    accepted.add(node)
+        finally:
+            self.node_filter = self._user_filter
+        return accepted
 
     def _islands(self, graph: torch.fx.Graph, banned: dict[torch.fx.Node, str]) -> dict[torch.fx.Node, str | None]:
         """Fixpoint of the quantized-island rules over the nodes the table accepts (minus ``banned``)."""
@@ -162,6 +198,7 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         self._constants = constant_placeholder_names(exported_program)
         self.refusals = []
+        self._folded = set() if self.integer else self._foldable(exported_program.graph)
         banned: dict[torch.fx.Node, str] = {}
         known_good: set[frozenset[str]] = set()
         by_name = {n.name: n for n in exported_program.graph.nodes}

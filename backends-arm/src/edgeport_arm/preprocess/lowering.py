@@ -21,6 +21,7 @@ from edgeport.aot.capability_partitioner import op_name
 from edgeport.aot.graph_utils import placeholder_tensor
 from edgeport.errors import LoweringError
 from edgeport_arm.options import TosaSpecification
+from edgeport_arm.preprocess.constants import evaluate
 from edgeport_arm.preprocess.graph import DType, TosaGraph
 from edgeport_arm.preprocess.values import NCHW_TO_NHWC, NHWC_TO_NCHW, Const, QParams, Value
 
@@ -73,6 +74,10 @@ class Lowering:
                     raise LoweringError(f"{node.name}: output {node.args[1]} of {node.args[0].name} is not lowered")
                 self.values[node] = src[node.args[1]]
             elif node.op == "call_function":
+                folded = None if self.integer else evaluate(node, self.values)
+                if folded is not None:  # computed from constants only: a TOSA constant (float graphs)
+                    self.values[node] = folded
+                    continue
                 name = op_name(node.target)
                 fn = self.lowerings.get(name)
                 if fn is None:
