@@ -35,6 +35,7 @@ from edgeport.node_helpers import node_arg as arg
 from edgeport.node_helpers import node_shape as shape_of
 
 _F = ("float32",)
+_FB = ("float32", "bool")
 _FI = ("float32", "int8", "int16")
 _QUANT_IO = ("float32", "int8", "int16", "float64", "int32", "int64")
 MAX_DIM = 65535
@@ -105,6 +106,10 @@ _TABLE = (
                  "REDUCE_MAX, EXP, REDUCE_SUM, RECIPROCAL (int8: the quantizer decomposes it into the ops of this table)"),
     OpCapability("aten.native_layer_norm.default", _F, _static,
                  "REDUCE_SUM, RSQRT (int8: the quantizer decomposes it into the ops of this table)"),
+    OpCapability("aten.eq.Scalar", _FB, _static, "EQUAL with a constant (float graphs only)"),
+    OpCapability("aten.logical_not.default", _FB, _static, "LOGICAL_NOT (float graphs only)"),
+    OpCapability("aten.any.dim", _FB, _static, "REDUCE_ANY (float graphs only)"),
+    OpCapability("aten.where.self", _FB, _static, "SELECT (float graphs only)"),
     OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _static,
                  "MUL + ADD with folded per-channel constants (float graphs only)"),
     OpCapability("aten.view_copy.default", _F, _static, "RESHAPE"),
@@ -128,6 +133,8 @@ _QUANT = (
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
 INT8_UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(("aten.eq.Scalar", "aten.logical_not.default", "aten.any.dim", "aten.where.self"),
+                    "no int8 lowering (boolean masks are lowered in float graphs only)"),
     "aten.addmm.default": "no int8 lowering (the Arm quantizers turn addmm with constant weights into linear; "
                           "this one was left in float)",
     "aten._softmax.default": "int8 softmax is lowered from its decomposition (EthosUQuantizer / TOSAQuantizer "
