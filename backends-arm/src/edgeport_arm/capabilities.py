@@ -56,6 +56,16 @@ def _sum(node: Any) -> str | None:
     return _static(node)
 
 
+def _bilinear(node: Any) -> str | None:
+    scales = arg(node, 3, "scale_factors")
+    shapes = (shape_of(node.args[0]), shape_of(node))
+    if any(s is None or len(s) != 4 for s in shapes):
+        return "bilinear upsampling of a 4-D (N, C, H, W) tensor only"
+    if scales is not None and any(float(f) * i != o for f, i, o in zip(scales, shapes[0][2:], shapes[1][2:])):
+        return "scale factors that do not give the output size exactly (torch samples by the factor then)"
+    return None
+
+
 def _per_tensor_int8(node: Any) -> str | None:
     args = node.args
     if len(args) < 6 or not all(isinstance(a, (int, float)) for a in args[1:5]):
@@ -110,6 +120,8 @@ _TABLE = (
     OpCapability("aten.logical_not.default", _FB, _static, "LOGICAL_NOT (float graphs only)"),
     OpCapability("aten.any.dim", _FB, _static, "REDUCE_ANY (float graphs only)"),
     OpCapability("aten.where.self", _FB, _static, "SELECT (float graphs only)"),
+    OpCapability("aten.upsample_bilinear2d.vec", _F, lambda n: _static(n) or _bilinear(n),
+                 "RESIZE BILINEAR (float graphs only)"),
     OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _static,
                  "MUL + ADD with folded per-channel constants (float graphs only)"),
     OpCapability("aten.view_copy.default", _F, _static, "RESHAPE"),
@@ -133,6 +145,7 @@ _QUANT = (
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
 INT8_UNSUPPORTED: dict[str, str] = {
+    "aten.upsample_bilinear2d.vec": "no int8 lowering of bilinear upsampling yet",
     **dict.fromkeys(("aten.eq.Scalar", "aten.logical_not.default", "aten.any.dim", "aten.where.self"),
                     "no int8 lowering (boolean masks are lowered in float graphs only)"),
     "aten.addmm.default": "no int8 lowering (the Arm quantizers turn addmm with constant weights into linear; "
