@@ -96,6 +96,9 @@ class HostOp:
     view: bool
     uses_blas: bool = False  # runs numpy's OpenBLAS (the segment then limits it to one thread, see _blas)
     reads: int | None = None  # how many of the node's leading inputs it reads (None: all; the rest it holds)
+    # (shape, dtype) when ``compute`` is ``into`` on a fresh array of that C-contiguous shape: a segment may then
+    # keep one such array for the op and compute into it on every call (no allocation, no fresh pages)
+    scratch: tuple[tuple[int, ...], Any] | None = None
 
 
 def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, view: bool = False,
@@ -106,12 +109,14 @@ def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, vie
     if into is None:
         def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
             np.copyto(out, compute(xs).reshape(out.shape), casting="same_kind")
+    scratch = None
     if compute is None:
         def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
             out = np.empty(out_shape, out_dtype)
             into(xs, out)
             return out
-    return HostOp(compute, into, view)
+        scratch = (tuple(out_shape), out_dtype) if out_shape is not None else None
+    return HostOp(compute, into, view, scratch=scratch)
 
 
 def _clamp(node: XNode) -> tuple[float, float] | None:
@@ -273,6 +278,10 @@ class HostSegment:
             elif o in materialize:
                 self.program.append(_into(op, ins, o))
                 written.add(o)
+            elif op.scratch is not None and op.scratch[0] == tuple(dims(o)):
+                # an intermediate of this segment only (never an output: those are materialized), so one array
+                # reused across calls holds it; each op writes only its own
+                self.program.append(_into_scratch(op, ins, o, np.empty(*op.scratch)))
             else:
                 self.program.append(_compute(op, ins, o))
         self.size = len(nodes)
@@ -308,6 +317,15 @@ def _into(op: HostOp, ins: list[int], o: int) -> Callable[[dict[int, np.ndarray]
 
     def step(env: dict[int, np.ndarray]) -> None:
         fn([env[i] for i in ins], env[o])
+    return step
+
+
+def _into_scratch(op: HostOp, ins: list[int], o: int, buf: np.ndarray) -> Callable[[dict[int, np.ndarray]], None]:
+    fn = op.into
+
+    def step(env: dict[int, np.ndarray]) -> None:
+        fn([env[i] for i in ins], buf)
+        env[o] = buf
     return step
 
 

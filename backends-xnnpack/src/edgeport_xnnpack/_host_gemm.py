@@ -287,4 +287,5 @@ def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], poo
         out = np.empty(out_shape, np.float32)
         into(xs, out)
         return out
-    return HostOp(compute, into, view=False, uses_blas=packed is None, reads=1 if packed is not None else None)
+    return HostOp(compute, into, view=False, uses_blas=packed is None, reads=1 if packed is not None else None,
+                  scratch=(tuple(out_shape), np.float32))

@@ -63,4 +63,4 @@ def qd8_op(n: XNode, in_shape: tuple[int, ...], out_shape: tuple[int, ...], pool
         out = np.empty(out_shape, np.float32)
         into(xs, out)
         return out
-    return HostOp(compute, into, view=False, reads=1)
+    return HostOp(compute, into, view=False, reads=1, scratch=(tuple(out_shape), np.float32))

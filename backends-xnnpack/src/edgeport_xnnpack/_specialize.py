@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
+from edgeport_xnnpack._direct import direct_call
 from edgeport_xnnpack._infer import Dims, ShapeError, infer_dims
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.schema.graph import XNode
@@ -50,8 +51,10 @@ class Plan:
     outputs: list[tuple[int, Dims]]
     steps: list[Any]
     buffers: dict[int, np.ndarray]
+    direct: Callable[[Sequence[Any], list[Any]], None] | None = None  # see edgeport_xnnpack._direct
 
     def close(self) -> None:
+        self.direct = None  # its bindings belong to the steps closed here
         for step in self.steps:
             step.close()
         self.steps, self.buffers = [], {}
@@ -106,10 +109,18 @@ class Specializer:
         except ProgramError as exc:
             raise RuntimeExecutionError(f"{BACKEND_ID}: cannot run {where}: {exc}") from exc
         plan = Plan([(vid, dims[vid]) for vid, _ in self.inputs], outputs, steps, buffers)
+        plan.direct = direct_call(plan.inputs, outputs, steps, buffers)
         self.cache[key] = plan
         self.built += 1
         while len(self.cache) > self.capacity:
             self.cache.popitem(last=False)[1].close()
+        return plan
+
+    def known(self, shapes: tuple[Dims, ...]) -> Plan | None:
+        """The cached plan for exactly these input shapes (marked most recently used), or None."""
+        plan = self.cache.get(shapes)
+        if plan is not None:
+            self.cache.move_to_end(shapes)
         return plan
 
     def close(self) -> None:

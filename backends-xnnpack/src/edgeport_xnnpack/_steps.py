@@ -100,7 +100,10 @@ class XnnpackHandle:
     specializer: Specializer | None = None    # plans for other input shapes (see edgeport_xnnpack._specialize)
     tracer: Any = None  # an ETDump event tracer while the program records one (see XnnpackExecutor.set_event_tracer)
 
+    declared: tuple[tuple[int, ...], ...] = ()  # the inputs' declared dims (set from inputs)
+
     def __post_init__(self) -> None:
+        self.declared = tuple(dims for _, dims in self.inputs)
         if self.n_args < 0:
             self.n_args = len(self.inputs)
         if self.specializer is None:

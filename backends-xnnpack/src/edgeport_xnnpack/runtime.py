@@ -482,6 +482,11 @@ class XnnpackExecutor(RuntimeExecutor):
                     return out
                 except (ValueError, native.XnnpackError):
                     pass  # the general path below converts what it can, specializes, or raises the precise error
+        if tracer is None and (out is None or type(out) is list):
+            tried = direct is not None and type(out) is list and all(a is not None for a in out)  # just refused
+            results = self._known_shapes(handle, inputs, out, skip_declared=tried)
+            if results is not None:
+                return results
         arrays, declared = input_arrays(handle, inputs)
         step = None
         with self._lock:
@@ -509,6 +514,38 @@ class XnnpackExecutor(RuntimeExecutor):
             except (native.XnnpackError, ValueError) as exc:
                 label = step.label if step is not None else "?"
                 raise RuntimeExecutionError(f"{BACKEND_ID}: {label} failed: {exc}") from exc
+        return results
+
+    def _known_shapes(self, handle: XnnpackHandle, inputs: Sequence[Any], out: list[Any] | None,
+                      skip_declared: bool) -> list[np.ndarray] | None:
+        """The direct call of a cached specialization whose input shapes these are (or of the declared shapes when
+        ``out`` has ``None`` entries), outputs from ``results_for`` as on the general path; ``None`` when it does
+        not apply or refuses the arrays (the general path then converts, specializes or raises)."""
+        key = []
+        for a in inputs:
+            if type(a) is not np.ndarray:
+                return None
+            key.append(a.shape)
+        shapes = tuple(key)
+        with self._lock:
+            if not handle.alive:
+                raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
+            plan: XnnpackHandle | Plan | None
+            if shapes == handle.declared:
+                plan, call = handle, None if skip_declared else handle.direct
+            else:
+                plan = handle.specializer.known(shapes)
+                call = plan.direct if plan is not None else None
+            if call is None:
+                return None
+            try:
+                results = results_for(plan, out)
+            except RuntimeExecutionError:
+                return None  # the general path raises it after checking the inputs
+            try:
+                call(inputs, results)
+            except (ValueError, native.XnnpackError):
+                return None
         return results
 
     def set_event_tracer(self, handle: XnnpackHandle, tracer: Any) -> None:
