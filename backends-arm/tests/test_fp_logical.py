@@ -46,4 +46,5 @@ def test_boolean_ops_stay_on_the_cpu_in_an_integer_profile():
     partitioner = TOSAPartitioner(TosaCompileSpec("TOSA-1.0+INT"))
     to_edge_transform_and_lower(torch.export.export(MaskedRows(), (x,)), partitioner=[partitioner])
     reasons = [why for why in partitioner.rejections.values() if why.startswith(OPS[1:])]
-    assert reasons and all("boolean masks are lowered in float graphs only" in why for why in reasons), reasons
+    assert len(reasons) >= 5 and any("boolean masks are lowered in float graphs only" in why for why in reasons), \
+        reasons

@@ -1,6 +1,7 @@
 """Bilinear upsampling on TOSA FP (issue 25, the segmentation model's last CPU op): ``upsample_bilinear2d`` is one
 RESIZE; the delegated program matches fp32 eager (oracle) on Arm's TOSA reference model, with and without
-aligned corners, from a 1x1 map, by integer and non-integer ratios."""
+aligned corners, from a 1x1 map, by integer and non-integer ratios. Int8 (the Ethos-U segmentation model's
+image-pooling branch): upsampling from a 1x1 map is delegated too."""
 
 from __future__ import annotations
 
@@ -58,3 +59,55 @@ def test_resize_parameters_give_the_output_size():
     for size_in, size_out, align in [(3, 6, False), (4, 7, True), (1, 9, True), (12, 24, False), (5, 5, False)]:
         n, d, offset, border = resize_params(size_in, size_out, align)
         assert ((size_in - 1) * n - offset + border) // d + 1 == size_out
+
+
+class PooledBranch(torch.nn.Module):
+    """A segmentation head's image-pooling branch: pool to 1x1, upsample back, concatenate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.proj = torch.nn.Conv2d(8, 8, 1)
+        self.head = torch.nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        p = torch.relu(self.proj(torch.nn.functional.adaptive_avg_pool2d(y, 1)))
+        p = torch.nn.functional.interpolate(p, size=y.shape[-2:], mode="bilinear", align_corners=True)
+        return self.head(torch.cat([y, p], 1))
+
+
+class PooledBranchExpanded(PooledBranch):
+    """The same function with ``expand`` in place of the upsampling (bilinear from 1x1 is a broadcast)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        p = torch.relu(self.proj(torch.nn.functional.adaptive_avg_pool2d(y, 1)))
+        return self.head(torch.cat([y, p.expand(-1, -1, *y.shape[-2:])], 1))
+
+
+def test_int8_upsampling_from_a_1x1_map_on_ethos_u_matches_pt2e_and_the_broadcast():
+    """Oracles: the pt2e model on the example (bit-exact), and on further inputs the program of the same model
+    with ``expand`` instead (bit-exact): those inputs hit a pre-existing one-code difference from pt2e in the
+    pooling branch (issue 25's int8 CNN mismatch) that the broadcast program shows as well."""
+    from arm_models import quantize_and_lower, run
+
+    from edgeport_arm import EthosUCompileSpec, EthosUPartitioner, EthosUQuantizer
+
+    spec = EthosUCompileSpec("ethos-u55-128")
+    methods = []
+    for cls in (PooledBranch, PooledBranchExpanded):
+        torch.manual_seed(0)
+        model, example = cls().eval(), torch.randn(1, 3, 4, 4)
+        lowered = quantize_and_lower(model, example, EthosUQuantizer(spec), EthosUPartitioner(spec))  # whole or raise
+        assert not lowered.partitioner.refusals, lowered.partitioner.refusals
+        _, method = run(lowered.program.buffer, [example.numpy()])
+        methods.append(method)
+        if cls is PooledBranch:
+            assert not any("upsample" in why for why in lowered.partitioner.rejections.values())
+            np.testing.assert_array_equal(np.asarray(method.execute([example.numpy()])[0]),
+                                          lowered.converted(example).detach().numpy())
+    gen = torch.Generator().manual_seed(3)
+    for x in [torch.randn(1, 3, 4, 4, generator=gen) for _ in range(4)]:
+        got, want = (np.asarray(m.execute([x.numpy()])[0]) for m in methods)
+        np.testing.assert_array_equal(got, want)

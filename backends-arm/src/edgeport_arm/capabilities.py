@@ -56,6 +56,19 @@ def _sum(node: Any) -> str | None:
     return _static(node)
 
 
+def _dtypes(node: Any, *wanted: tuple[int, str]) -> str | None:
+    """Argument ``i`` has dtype ``d`` for each ``(i, d)``; a boolean one is computed in the graph (a bool graph
+    input cannot enter a float TOSA delegate)."""
+    for i, dtype in wanted:
+        a = node.args[i] if i < len(node.args) else None
+        val = getattr(a, "meta", {}).get("val")
+        if getattr(val, "dtype", None) is None or str(val.dtype).removeprefix("torch.") != dtype:
+            return f"argument {i} must be a {dtype} tensor"
+        if dtype == "bool" and a.op == "placeholder":
+            return f"argument {i} is a boolean graph input (a float TOSA delegate takes float32 inputs only)"
+    return None
+
+
 def _bilinear(node: Any) -> str | None:
     scales = arg(node, 3, "scale_factors")
     shapes = (shape_of(node.args[0]), shape_of(node))
@@ -64,6 +77,11 @@ def _bilinear(node: Any) -> str | None:
     if scales is not None and any(float(f) * i != o for f, i, o in zip(scales, shapes[0][2:], shapes[1][2:])):
         return "scale factors that do not give the output size exactly (torch samples by the factor then)"
     return None
+
+
+def _int8_upsample(node: Any) -> str | None:
+    dims = shape_of(node.args[0])
+    return None if dims is not None and tuple(dims[2:]) == (1, 1) else "int8 bilinear upsampling from a 1x1 map only"
 
 
 def _per_tensor_int8(node: Any) -> str | None:
@@ -116,12 +134,19 @@ _TABLE = (
                  "REDUCE_MAX, EXP, REDUCE_SUM, RECIPROCAL (int8: the quantizer decomposes it into the ops of this table)"),
     OpCapability("aten.native_layer_norm.default", _F, _static,
                  "REDUCE_SUM, RSQRT (int8: the quantizer decomposes it into the ops of this table)"),
-    OpCapability("aten.eq.Scalar", _FB, _static, "EQUAL with a constant (float graphs only)"),
-    OpCapability("aten.logical_not.default", _FB, _static, "LOGICAL_NOT (float graphs only)"),
-    OpCapability("aten.any.dim", _FB, _static, "REDUCE_ANY (float graphs only)"),
-    OpCapability("aten.where.self", _FB, _static, "SELECT (float graphs only)"),
+    OpCapability("aten.eq.Scalar", _FB, lambda n: _static(n) or _dtypes(n, (0, "float32")),
+                 "EQUAL with a constant (float graphs only)"),
+    OpCapability("aten.logical_not.default", _FB, lambda n: _static(n) or _dtypes(n, (0, "bool")),
+                 "LOGICAL_NOT (float graphs only)"),
+    OpCapability("aten.any.dim", _FB, lambda n: _static(n) or _dtypes(n, (0, "bool")),
+                 "REDUCE_ANY (float graphs only)"),
+    OpCapability("aten.where.self", _FB, lambda n: _static(n) or _dtypes(n, (0, "bool"), (1, "float32"),
+                                                                         (2, "float32")),
+                 "SELECT (float graphs only)"),
+    *(OpCapability(op, _F, _static, "a constant of the input's shape (float graphs only)")
+      for op in ("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")),
     OpCapability("aten.upsample_bilinear2d.vec", _F, lambda n: _static(n) or _bilinear(n),
-                 "RESIZE BILINEAR (float graphs only)"),
+                 "RESIZE BILINEAR (int8: from a 1x1 map only, RESIZE NEAREST)"),
     OpCapability("aten._native_batch_norm_legit_no_training.default", _F, _static,
                  "MUL + ADD with folded per-channel constants (float graphs only)"),
     OpCapability("aten.view_copy.default", _F, _static, "RESHAPE"),
@@ -145,9 +170,10 @@ _QUANT = (
 )
 QUANTIZE, DEQUANTIZE, DEQUANTIZE_PER_CHANNEL = (c.op for c in _QUANT)
 INT8_UNSUPPORTED: dict[str, str] = {
-    "aten.upsample_bilinear2d.vec": "no int8 lowering of bilinear upsampling yet",
     **dict.fromkeys(("aten.eq.Scalar", "aten.logical_not.default", "aten.any.dim", "aten.where.self"),
                     "no int8 lowering (boolean masks are lowered in float graphs only)"),
+    **dict.fromkeys(("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default"),
+                    "no int8 lowering (a float constant)"),
     "aten.addmm.default": "no int8 lowering (the Arm quantizers turn addmm with constant weights into linear; "
                           "this one was left in float)",
     "aten._softmax.default": "int8 softmax is lowered from its decomposition (EthosUQuantizer / TOSAQuantizer "
@@ -159,6 +185,8 @@ INT8_UNSUPPORTED: dict[str, str] = {
                                                          "folds one that follows a convolution into it); this one "
                                                          "was left in float",
 }
+# int8-only restrictions on top of the table's constraint
+INT8_CONSTRAINTS = {"aten.upsample_bilinear2d.vec": _int8_upsample}
 # ops lowered to one int8 TABLE: their output parameters come from the quantize that must follow them
 INT8_TABLES = frozenset({
     "aten.sigmoid.default", "aten.tanh.default", "aten.hardswish.default", "aten.gelu.default", "aten.silu.default",

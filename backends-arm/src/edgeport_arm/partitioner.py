@@ -38,6 +38,7 @@ from edgeport_arm.capabilities import (
     ALL_CAPABILITIES,
     DEQUANTIZE,
     DEQUANTIZE_PER_CHANNEL,
+    INT8_CONSTRAINTS,
     INT8_TABLES,
     INT8_UNSUPPORTED,
     INT16_SUPPORTED,
@@ -90,6 +91,8 @@ class _ArmPartitioner(CapabilityBasedPartitioner):
             return f"{name}: a quantized graph needs an integer profile (TosaCompileSpec('TOSA-1.0+INT'))"
         if self.integer and name in INT8_UNSUPPORTED:
             return f"{name}: {INT8_UNSUPPORTED[name]}"
+        if self.integer and name in INT8_CONSTRAINTS and (why := INT8_CONSTRAINTS[name](node)):
+            return f"{name}: {why}"
         if self.integer and name in INT8_TABLES and not (
                 len(node.users) == 1 and op_name(next(iter(node.users)).target) == QUANTIZE):
             return (f"{name}: an int8 lookup table needs a quantize as its only user (its output parameters); "

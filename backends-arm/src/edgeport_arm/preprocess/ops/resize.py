@@ -1,4 +1,4 @@
-"""``upsample_bilinear2d`` in float graphs: one TOSA RESIZE (BILINEAR) on the NHWC tensor.
+"""``upsample_bilinear2d``: one TOSA RESIZE on the NHWC tensor (float: BILINEAR; int8: from a 1x1 map only).
 
 TOSA samples output row ``y`` at input row ``(y * scale_d + offset) / scale_n`` (indices clamped to the
 input), which is torch's source coordinate when ``scale_n / scale_d = out / in`` and, without aligned
@@ -15,7 +15,7 @@ import torch
 import tosa_serializer as ts
 
 from edgeport.errors import LoweringError
-from edgeport_arm.preprocess.graph import DType, Op
+from edgeport_arm.preprocess.graph import Op
 from edgeport_arm.preprocess.lowering import Lowering, static_shape
 from edgeport_arm.preprocess.values import Value
 
@@ -43,14 +43,19 @@ def resize_params(size_in: int, size_out: int, align_corners: bool) -> tuple[int
 
 
 def upsample_bilinear2d(ctx: Lowering, node: torch.fx.Node) -> Value:
-    if ctx.integer:
-        raise LoweringError("int8 bilinear upsampling is not lowered yet")
-    x = ctx.nhwc(ctx.value(node.args[0]))
+    """Float: RESIZE BILINEAR. Int8: from a 1x1 map, RESIZE NEAREST on the codes (every output is the one input
+    pixel, as in bilinear), keeping the input's parameters; larger int8 maps are not lowered yet."""
+    x = ctx.nhwc(ctx.settle(ctx.value(node.args[0])))
     align = bool(node.args[2]) if len(node.args) > 2 else False
     out_nchw = static_shape(node)
-    (nh, dh, oh, bh), (nw, dw, ow, bw) = (resize_params(x.shape[1 + i], out_nchw[2 + i], align) for i in range(2))
     shape = (out_nchw[0], out_nchw[2], out_nchw[3], out_nchw[1])
-    out = ctx.g.tensor(shape, DType.FP32)
+    if ctx.integer and (x.shape[1], x.shape[2]) != (1, 1):
+        raise LoweringError("int8 bilinear upsampling is lowered from a 1x1 map only")
+    if ctx.integer and x.q is None:
+        raise LoweringError("integer upsampling needs a dequantized int8 input")
+    (nh, dh, oh, bh), (nw, dw, ow, bw) = (resize_params(x.shape[1 + i], out_nchw[2 + i], align) for i in range(2))
+    out = ctx.g.tensor(shape, x.dtype)
+    mode = ts.ResizeMode.NEAREST if ctx.integer else ts.ResizeMode.BILINEAR
     ctx.g.op(Op.RESIZE, [x.name, ctx.g.shape_const([nh, dh, nw, dw], "scale"), ctx.g.shape_const([oh, ow], "offset"),
-                         ctx.g.shape_const([bh, bw], "border")], [out], "ResizeAttribute", mode=ts.ResizeMode.BILINEAR)
-    return Value(out, shape, DType.FP32, nhwc=True)
+                         ctx.g.shape_const([bh, bw], "border")], [out], "ResizeAttribute", mode=mode)
+    return x.with_(name=out, shape=shape, nhwc=True)
