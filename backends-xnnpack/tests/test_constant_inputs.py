@@ -139,7 +139,7 @@ def _arch(arch: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
 
 
 @pytest.mark.executorch
-@pytest.mark.parametrize("arch", ["operands", "vit", "llama"])
+@pytest.mark.parametrize("arch", ["operands", "vit", pytest.param("llama", marks=pytest.mark.slow)])
 def test_both_runtimes_give_the_bits_of_the_all_named_data_layout(monkeypatch, arch):
     """The layout changes where operands live, not what XNNPACK computes: each runtime's output equals, bit for bit,
     its output for the previous layout (every static operand in named data), and both are close to eager."""
