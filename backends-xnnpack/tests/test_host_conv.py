@@ -73,7 +73,7 @@ def test_convolutions_equal_libxnnpack_bit_for_bit_and_eager(isa, monkeypatch):
         ours = _run(pte, args, "host-conv", threads)
         np.testing.assert_array_equal(ours, theirs)
         assert rel_err(ours, ref) < RTOL
-    assert count.calls == 2 * 3  # per load: all but the 1x1 one and the stem (3 channels): they stay in XNNPACK
+    assert count.calls == 2 * 4  # per load: all but the 1x1 one (the 7x7 stem over 3 channels on row taps)
 
 
 @needs_xnnpack
@@ -89,7 +89,7 @@ def test_resnet18_with_its_convolutions_on_the_host_equals_libxnnpack(isa, monke
     theirs = _run(pte, args, "xnnpack", 1)
     count = _Count(monkeypatch)
     ours = {threads: _run(pte, args, "auto", threads) for threads in (1, 2)}
-    assert count.calls == 2 * 16  # the 16 3x3 convolutions per load (not the stem, not the 1x1 projections)
+    assert count.calls == 2 * 17  # the stem and the 16 3x3 convolutions per load (not the 1x1 projections)
     for out in ours.values():
         np.testing.assert_array_equal(out, theirs)
     assert rel_err(ours[1], ref) < RTOL
@@ -110,6 +110,38 @@ def test_tap_offsets_point_at_the_pixels_numpy_indexes():
             ky, kx = divmod(t, 3)
             want = padded[b, oy * 2 + ky, ox * 2 + kx, 0]
             assert flat[p, t] == want  # the first channel's offset is its value; -1 in the padding
+
+
+def test_row_offsets_point_at_each_kernel_rows_first_pixel_in_the_padded_input():
+    # a stem: batch 2, 5x4 input, 3 channels, 3x3 kernel, stride 2, pads top 1 left 1 -> 3x2 output; rows of 9 floats
+    geometry = (2, 5, 4, 3, 3, 3, 2, 2, 1, 1, 3, 2)
+    hp, wp = _host_conv.padded_extent(geometry)
+    assert (hp, wp) == (7, 5)  # rows 0..6 (top pad 1 + 5 + bottom 1), cols 0..4 (left pad 1 + 4, none right)
+    off = _host_conv.row_offsets(geometry, 7)
+    assert off.shape == (2, 3, 7)
+    x = np.arange(2 * 5 * 4 * 3, dtype=np.float32).reshape(2, 5, 4, 3)
+    padded = np.zeros((2, hp, wp, 3), np.float32)
+    padded[:, 1:6, 1:5] = x
+    flat_in = padded.reshape(-1)
+    flat = off.transpose(0, 2, 1).reshape(14, 3)
+    for p in range(14):
+        b, oy, ox = np.unravel_index(min(p, 11), (2, 3, 2))
+        for ky in range(3):
+            want = padded[b, oy * 2 + ky, ox * 2:ox * 2 + 3].reshape(-1)  # the 3 kx taps' channels, (kx, c) order
+            np.testing.assert_array_equal(flat_in[flat[p, ky]:flat[p, ky] + 9], want)
+
+
+@needs_xnnpack
+@needs_kernel
+def test_a_stem_with_short_kernel_rows_stays_in_xnnpack(monkeypatch):
+    from torch import nn
+
+    count = _Count(monkeypatch)
+    model, args = nn.Conv2d(3, 32, 3, 2, 1).eval(), (torch.randn(1, 3, 33, 33),)
+    _, pte, _ = lower_edgeport(model, args)
+    out = _run(pte, args, "host-conv", 1)  # MobileNetV2's stem: rows of 3 x 3 floats, fewer than MIN_CHANNELS
+    assert count.calls == 0
+    assert rel_err(out, eager(model, args)) < RTOL
 
 
 @needs_kernel

@@ -6,6 +6,12 @@ same indirect GEMM (a row of tap offsets per output pixel, a zero row for taps i
 accumulated in libXNNPACK's order (bias, then one fused multiply-add per tap and channel) and clamped as it does, so
 the results equal libXNNPACK's bit for bit (``tests/test_host_conv.py`` checks both ISAs against it and eager).
 AVX-512: 7 pixels x 32 channels per micro-kernel call; AVX2 + FMA: 6 x 16. Torch-free.
+
+A stem (fewer than ``MIN_CHANNELS`` input channels, e.g. ResNet-18's 7x7 over 3) runs on *row taps*: the input is
+copied into a zero-padded buffer kept by the op, and each kernel row ``ky`` becomes one tap of ``kw * c``
+contiguous floats (the ``kx`` taps of that row and their channels, in libXNNPACK's (kx, c) order; the padding
+reads zeros as libXNNPACK's zero row does), so the same kernel makes the same fused multiply-adds with a seventh
+of the per-tap pointer work.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,9 +36,10 @@ except ImportError:  # pragma: no cover - built without a C compiler
 
 #: ``EDGEPORT_XNNPACK_CONV_ISA=avx2`` runs the AVX2 kernel on an AVX-512 CPU (tests and the AVX2-emulated bench)
 ISA_ENV = "EDGEPORT_XNNPACK_CONV_ISA"
-# A stem's few input channels (3) make the per-tap pointer work rival the multiply-adds: there the 2022 library
-# was faster (MobileNetV2's and ResNet-18's stems 1.4-1.6x its time on the host kernel, even with the taps gathered
-# into one row first), so such convolutions stay in XNNPACK
+# A stem's few input channels (3) make the per-tap pointer work rival the multiply-adds (ResNet-18's stem took
+# 1.4-1.6x the 2022 library's time on per-pixel taps): below MIN_CHANNELS a convolution runs on row taps (see the
+# module docstring) when a kernel row holds at least MIN_CHANNELS floats, else it stays in XNNPACK (MobileNetV2's
+# 3x3 stem over 3 channels: rows of 9)
 MIN_CHANNELS = 16
 _SHAPE = {2: (7, 32), 1: (6, 16)}  # kernel level -> (pixels, channels) of one micro-kernel call
 
@@ -68,9 +76,30 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
     if len(ins) == 3 and dims[ins[2]] != (cols,):
         return None
     batch, _, _, c, kh, kw = geometry[:6]
-    if kh * kw == 1 or c < MIN_CHANNELS:
+    if kh * kw == 1 or kw * c < MIN_CHANNELS:
         return None  # 1x1: a plain GEMM the 2022 library runs well enough that a step boundary does not pay
     return batch * geometry[10] * geometry[11], kh * kw * c, cols
+
+
+def padded_extent(geometry: tuple[int, ...]) -> tuple[int, int]:
+    """``(rows, cols)`` of the zero-padded input that row taps read: every input pixel the output reaches."""
+    _, h, w, _, kh, kw, sh, sw, pt, pl, oh, ow = geometry
+    return max(pt + h, (oh - 1) * sh + kh), max(pl + w, (ow - 1) * sw + kw)
+
+
+def row_offsets(geometry: tuple[int, ...], mr: int) -> np.ndarray:
+    """``[ceil(m / mr)][kh][mr]`` int64: for each tile of ``mr`` output pixels and each kernel row ``ky``, the
+    offset in floats (into the padded input of ``padded_extent``) of the first of the ``kw * c`` floats that row
+    of taps reads; the last tile's missing pixels repeat its last pixel."""
+    batch, _, _, c, kh, _, sh, sw, _, _, oh, ow = geometry
+    hp, wp = padded_extent(geometry)
+    b, oy, ox = np.meshgrid(np.arange(batch), np.arange(oh), np.arange(ow), indexing="ij")
+    iy = oy.reshape(-1, 1) * sh + np.arange(kh).reshape(1, -1)  # [m, kh]
+    off = (((b.reshape(-1, 1) * hp + iy) * wp + ox.reshape(-1, 1) * sw) * c).astype(np.int64)
+    m = off.shape[0]
+    tiles = -(-m // mr)
+    off = np.concatenate([off, np.repeat(off[-1:], tiles * mr - m, axis=0)])
+    return np.ascontiguousarray(off.reshape(tiles, mr, kh).transpose(0, 2, 1))
 
 
 def tap_offsets(geometry: tuple[int, ...], mr: int) -> np.ndarray:
@@ -116,18 +145,40 @@ def conv_op(n: XNode, dims: dict[int, tuple[int, ...]], const: dict[int, np.ndar
     if math.isnan(lo) or math.isnan(hi) or lo > hi:
         raise ValueError(f"bad output range ({lo}, {hi})")
     mr, nr = _SHAPE[level]
-    batch, c, kh, kw, oh, ow = geometry[0], geometry[3], geometry[4], geometry[5], geometry[10], geometry[11]
+    batch, h, wd, c, kh, kw = geometry[:6]
+    pt, pl, oh, ow = geometry[8:]
     m, taps, cols = batch * oh * ow, kh * kw, dims[ins[1]][0]
+    rows = c < MIN_CHANNELS  # a stem: one tap per kernel row (module docstring)
+    if rows:
+        taps, c = kh, kw * c
     w, b = pack(const[ins[1]], const[ins[2]] if len(ins) == 3 else None, taps, c, cols, nr)
-    offsets, zero = tap_offsets(geometry, mr), np.zeros(c, np.float32)
+    offsets = row_offsets(geometry, mr) if rows else tap_offsets(geometry, mr)
+    zero = np.zeros(c, np.float32)
     x_len = math.prod(dims[ins[0]])
     out_shape = dims[out]
+    if rows:
+        hp, wp = padded_extent(geometry)
+        x_len = batch * hp * wp * geometry[3]
+        inner = (slice(None), slice(pt, pt + h), slice(pl, pl + wd))
+        kept, lock = np.zeros((batch, hp, wp, geometry[3]), np.float32), threading.Lock()
     handle = getattr(pool, "handle", None) or 0
     threads = getattr(pool, "num_threads", 1) if handle else 1
     parallelize = ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value if handle else 0
     run = _gemm.conv_packed
 
     def into(xs: Sequence[np.ndarray], dst: np.ndarray) -> None:
+        if rows:
+            # the padding stays zero; a concurrent call on the same op pads into a fresh buffer of its own
+            mine = lock.acquire(blocking=False)
+            try:
+                pad = kept if mine else np.zeros_like(kept)
+                pad[inner] = np.asarray(xs[0]).reshape(dims[ins[0]])
+                run(parallelize, handle, level, pad, x_len, w, b, zero, offsets, dst, m, taps, c, cols, lo, hi,
+                    threads)
+            finally:
+                if mine:
+                    lock.release()
+            return
         x = xs[0] if xs[0].flags.c_contiguous and xs[0].dtype == np.float32 else np.ascontiguousarray(xs[0],
                                                                                                        np.float32)
         run(parallelize, handle, level, x, x_len, w, b, zero, offsets, dst, m, taps, c, cols, lo, hi, threads)
@@ -136,4 +187,4 @@ def conv_op(n: XNode, dims: dict[int, tuple[int, ...]], const: dict[int, np.ndar
         dst = np.empty(out_shape, np.float32)
         into(xs, dst)
         return dst
-    return HostOp(compute, into, view=False, reads=1)
+    return HostOp(compute, into, view=False, reads=1, scratch=(tuple(out_shape), np.float32))
