@@ -1,0 +1,320 @@
+"""The planning half of :func:`edgeport_xnnpack.runtime.load`: ``_Planner`` checks a blob's values and nodes
+and turns them into steps (native XNNPACK runtimes, numpy host segments, channel shuffles) with the buffers that
+cross them; ``plan`` runs again at other dims for a specialization (:mod:`edgeport_xnnpack._specialize`)."""
+
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edgeport.errors import ProgramError
+from edgeport_xnnpack import native
+from edgeport_xnnpack._constants import NP_DTYPES as _NP
+from edgeport_xnnpack._constants import NamedData, group_scales, load_constant, scales_from_buffer
+from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
+from edgeport_xnnpack._dynamic_quant import (
+    DYNAMIC_ROWS,
+    QD8,
+)
+from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
+from edgeport_xnnpack._host_gemm import holds_filter, product_op, wants_host
+from edgeport_xnnpack._host_qd8 import qd8_op
+from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
+from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok
+from edgeport_xnnpack._shapes import check_native
+from edgeport_xnnpack._steps import HostStep, NativeStep, ShuffleStep
+from edgeport_xnnpack.capabilities import BACKEND_ID
+from edgeport_xnnpack.schema.graph import (
+    CAT_INPUTS,
+    FP32,
+    INPUT_FIELDS,
+    INVALID_ID,
+    QBINT4,
+    Graph,
+    PerChannelGroupQuant,
+    PerChannelQuant,
+    TensorValue,
+    XNode,
+    node_layout,
+)
+from edgeport_xnnpack.schema.operator_names import node_event_ids
+
+_WEIGHT_KINDS = ("XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNFullyConnected")
+
+
+def fail(msg: str) -> ProgramError:
+    return ProgramError(f"{BACKEND_ID} blob: {msg}")
+
+
+_MAX_ELEMENTS = 1 << 31
+
+
+def _value_dims(v: TensorValue, where: str) -> tuple[int, ...]:
+    if len(v.dims) > native.MAX_TENSOR_DIMS or math.prod(v.dims) > _MAX_ELEMENTS:
+        raise fail(f"{where}: dims {v.dims} exceed XNNPACK's limits")
+    return tuple(int(d) for d in v.dims)
+
+
+class Planner:
+    def __init__(self, graph: Graph, constants: memoryview, named: NamedData | None, lib: native.Library) -> None:
+        self.g, self.constants, self.named, self.lib = graph, constants, named, lib
+        self.values: dict[int, TensorValue] = {}
+        self.dims: dict[int, tuple[int, ...]] = {}
+        self.const: dict[int, np.ndarray] = {}
+        self.group_scales: dict[int, np.ndarray] = {}  # qbint4 filters' float32 block scales
+        self.products: frozenset[str] = frozenset()  # kinds of matrix products run on the host (_host_gemm)
+        self.pool: native.ThreadPool | None = None
+        self.event_ids = node_event_ids(graph)  # a step running one blob node: its id in ExecuTorch's profile
+
+    # -- checks ----------------------------------------------------------------------------------------------
+    def check_values(self) -> tuple[list[int], list[int]]:
+        ins, outs = [], []
+        for i, v in enumerate(self.g.values):
+            where = f"xvalues[{i}] (id {v.id_out})"
+            if v.id_out in self.values or v.id_out == INVALID_ID:
+                raise fail(f"{where}: duplicate or invalid value id")
+            if v.datatype not in _NP:
+                raise fail(f"{where}: datatype {v.datatype} is not supported by this executor")
+            if v.quant_kind or v.dq_datatype:
+                raise fail(f"{where}: dynamic or blockwise quantization is not supported by this libXNNPACK")
+            if v.flags & ~(native.FLAG_EXTERNAL_INPUT | native.FLAG_EXTERNAL_OUTPUT):
+                raise fail(f"{where}: unknown value flags {v.flags:#x}")
+            self.values[v.id_out] = v
+            self.dims[v.id_out] = _value_dims(v, where)
+            if v.flags and (v.external_id >= self.g.num_externs or v.constant_buffer_idx):
+                raise fail(f"{where}: external id {v.external_id} out of range 0..{self.g.num_externs - 1}")
+            if v.flags == native.FLAG_EXTERNAL_INPUT:
+                ins.append(v.id_out)
+            elif v.flags == native.FLAG_EXTERNAL_OUTPUT:
+                outs.append(v.id_out)
+            elif v.flags:
+                raise fail(f"{where}: a value cannot be both an external input and output")
+            if v.constant_buffer_idx:
+                self.const[v.id_out] = load_constant(self.g, self.constants, self.named, v, where)
+            if isinstance(v.quant, PerChannelQuant) and not v.quant.scale and v.quant.scale_buffer_idx:
+                self.values[v.id_out] = scales_from_buffer(self.g, self.constants, self.named, v, where)
+            if (v.datatype == QBINT4) != isinstance(v.quant, PerChannelGroupQuant) or (
+                    v.datatype == QBINT4 and not v.constant_buffer_idx):
+                raise fail(f"{where}: qbint4 values are constant filters with blockwise (group) scales")
+            if v.datatype == QBINT4:
+                self.group_scales[v.id_out] = group_scales(self.g, self.constants, self.named, v, where)
+        ins.sort(key=lambda i: self.values[i].external_id)
+        outs.sort(key=lambda i: self.values[i].external_id)
+        in_ext = [self.values[i].external_id for i in ins]
+        out_ext = [self.values[i].external_id for i in outs]
+        n_args = self.g.num_externs - len(outs)
+        if out_ext != list(range(n_args, self.g.num_externs)) or len(set(in_ext)) != len(in_ext) or any(
+                e >= n_args for e in in_ext):
+            raise fail(f"external ids {in_ext} (inputs) and {out_ext} (outputs) must be distinct, inputs below "
+                        f"the outputs, outputs {n_args}..{self.g.num_externs - 1} (a non-tensor argument, such as "
+                        "a symbolic size, may leave an input id unused)")
+        return ins, outs
+
+    def check_nodes(self, inputs: list[int]) -> None:
+        defined = set(inputs) | set(self.const)
+        for i, n in enumerate(self.g.nodes):
+            where = f"xnodes[{i}] ({n.kind})"
+            if _missing_ids(n):
+                raise fail(f"{where}: {', '.join(_missing_ids(n))} not set")
+            for vid in n.inputs():
+                if vid not in self.values:
+                    raise fail(f"{where}: input value {vid} is not defined")
+                if vid not in defined:
+                    raise fail(f"{where}: reads value {vid} before any node produces it")
+            for vid in n.outputs():
+                if vid not in self.values:
+                    raise fail(f"{where}: output value {vid} is not defined")
+                if vid in defined:
+                    raise fail(f"{where}: value {vid} is produced twice or is an input/constant")
+                if self.values[vid].datatype != FP32 and n.kind in HOST_KINDS and not (
+                        n.kind == "XNNStaticTranspose" and int8_transpose_ok(n, self.values)):
+                    raise fail(f"{where}: non-float32 values are not supported here")
+                defined.add(vid)
+        for vid, v in self.values.items():
+            if v.flags == native.FLAG_EXTERNAL_OUTPUT and vid not in defined:
+                raise fail(f"external output value {vid} is produced by no node")
+
+    # -- planning ---------------------------------------------------------------------------------------------
+    def native_ok(self, n: XNode) -> bool:
+        if QD8 in n.fields:
+            return False  # a dynamically quantized fully connected on the host kernel (_host_qd8)
+        why = native_kind_ok(n, lambda vid: vid in self.const, self.lib)
+        if why is None:
+            why = check_static_ids(n, lambda vid: vid in self.const) or check_native(n, self.dims.__getitem__)
+            if why is not None:
+                raise fail(f"{n.kind}: {why}")
+            return True
+        if n.kind not in HOST_KINDS and DYNAMIC_ROWS not in n.fields and INT8_MEAN not in n.fields:
+            raise fail(f"{n.kind} is not supported: {why}")
+        return False
+
+    def _as_reshape(self, n: XNode) -> XNode:
+        """A view node (copy, transpose of size-1 dims) as the equivalent static reshape."""
+        if n.kind == "XNNStaticReshape" or not is_view(n, self.values, self.dims):
+            return n
+        i, o = n.inputs()[0], n.outputs()[0]
+        return XNode("XNNStaticReshape", {"num_dims": len(self.dims[o]), "new_shape": list(self.dims[o]),
+                                          "input_id": i, "output_id": o, "flags": 0})
+
+    def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
+        nodes = [self._as_reshape(n) for n in self.g.nodes]
+        self.pool = pool
+        const = set(self.const)
+        gemm = frozenset(i for i, n in enumerate(nodes)
+                         if wants_host(n, self.values, self.dims, const, self.products))
+        nat = [self.native_ok(n) and i not in gemm for i, n in enumerate(nodes)]
+        placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm)
+        groups = schedule(nodes, placed.sides)
+        producer: dict[int, int] = {}
+        for gi, (_, idx) in enumerate(groups):
+            for j in idx:
+                for o in nodes[j].outputs():
+                    producer[o] = gi
+        crossing: set[int] = set(outputs)
+        host_const: set[int] = set()
+        for gi, (side, idx) in enumerate(groups):
+            for j in idx:
+                held = QD8 in nodes[j].fields or (
+                    j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products))
+                for vid in nodes[j].inputs()[:1] if held else nodes[j].inputs():  # a packed filter is its own
+                    if vid in producer and producer[vid] != gi:
+                        crossing.add(vid)
+                    if side != "N" and vid in self.const:
+                        host_const.add(vid)
+                if side == "S":
+                    crossing.update(nodes[j].outputs())
+        buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
+        for vid in sorted(crossing - set(outputs) - set(buffers)):
+            buffers[vid] = native.padded_empty(self.dims[vid], _NP[self.values[vid].datatype])
+        steps: list[NativeStep | HostStep | ShuffleStep] = []
+        external = set(inputs) | crossing
+        try:
+            for gi, (side, idx) in enumerate(groups):
+                group = [nodes[j] for j in idx]
+                if side == "N":
+                    steps.append(self._segment(gi, group, external, pool))
+                elif side == "S":
+                    steps.append(self._shuffle(group[0], placed.shuffles[idx[0]], pool))
+                else:
+                    steps.append(self._host(group, external))
+                steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
+                named = self.event_ids.get(id(group[0])) if len(group) == 1 else None
+                steps[-1].event_id = named[1] if named is not None and named[0] is group[0] else ""
+            for step in steps:  # the executor's own buffers are checked once, here
+                if isinstance(step, NativeStep):
+                    step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
+                                      if v in buffers})
+                elif isinstance(step, ShuffleStep):
+                    step.op.pin(buffers.get(step.src), buffers.get(step.dst))
+        except BaseException as exc:
+            for step in steps:
+                step.close()
+            if isinstance(exc, native.XnnpackError):
+                raise fail(str(exc)) from exc
+            raise
+        return steps, buffers
+
+    def _host(self, group: list[XNode], materialize: set[int]) -> HostStep:
+        ops = []
+        for n in group:
+            try:
+                op = qd8_op(n, self.dims[n.inputs()[0]], self.dims[n.outputs()[0]], self.pool) if QD8 in n.fields \
+                    else product_op(n, self.values, self.dims, self.const, self.pool, self.products)
+                ops.append(op or make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]],
+                                              self.pool))
+            except ValueError as exc:
+                raise fail(f"{n.kind}: {exc}") from exc
+        kinds = sorted({n.kind.removeprefix("XNN") for n in group})
+        return HostStep(HostSegment(group, ops, materialize, self.dims.__getitem__),
+                     f"host[{len(group)} nodes: {', '.join(kinds)}]")
+
+    def _shuffle(self, n: XNode, sd: tuple[int, int, int], pool: native.ThreadPool | None) -> ShuffleStep:
+        try:
+            size = shuffle_element_size(self.values[n.get("input_id")], self.values[n.get("output_id")])
+            op = native.ChannelShuffle(*sd, pool=pool, element_size=size or 4)
+        except native.XnnpackError as exc:
+            raise fail(f"{n.kind}: {exc}") from exc
+        return ShuffleStep(op, n.get("input_id"), n.get("output_id"),
+                        f"channel_shuffle[{'x'.join(map(str, self.dims[n.get('input_id')]))} perm "
+                        f"{list(n.get('perm'))}]")
+
+    def _segment(self, gi: int, nodes: list[XNode], external: set[int], pool: native.ThreadPool | None) -> NativeStep:
+        used: list[int] = []
+        seen: set[int] = set()
+        for n in nodes:
+            for vid in (*n.inputs(), *n.outputs()):
+                if vid not in seen:
+                    seen.add(vid)
+                    used.append(vid)
+        produced = {o for n in nodes for o in n.outputs()}
+        weights = {w for n in nodes for w in _weights(n)}
+        ext = [vid for vid in used if vid in external and vid not in self.const]
+        sg = native.Subgraph(len(ext))
+        try:
+            ids: dict[int, int] = {INVALID_ID: INVALID_ID}
+            bind = []
+            for vid in used:
+                v, dims = self.values[vid], self.dims[vid]
+                data = None
+                if vid in self.const:
+                    data = np.ascontiguousarray(self.const[vid])
+                    if vid not in weights or any(vid in _other_inputs(n) for n in nodes):
+                        data = _padded_copy(data)  # XNNPACK keeps a pointer to non-packed static data
+                if vid in ext:
+                    k = ext.index(vid)
+                    flags = native.FLAG_EXTERNAL_OUTPUT if vid in produced else native.FLAG_EXTERNAL_INPUT
+                    ids[vid] = self._define(sg, v, dims, None, k, flags)
+                    bind.append((k, vid))
+                else:
+                    ids[vid] = self._define(sg, v, dims, data, INVALID_ID, 0)
+
+            def new_internal(dims: tuple[int, ...]) -> int:
+                return sg.define_tensor(FP32, dims)
+
+            for n in nodes:
+                define_node(sg, n, ids, self.dims, new_internal)
+            runtime = native.Runtime(sg, pool)
+        except (native.XnnpackError, ValueError) as exc:
+            raise fail(f"step {gi} ({', '.join(sorted({n.kind for n in nodes}))}): {exc}") from exc
+        finally:
+            sg.close()
+        by_ext = dict(bind)
+        return NativeStep(runtime, [by_ext[k] for k in runtime.order], f"xnnpack[{len(nodes)} nodes]")
+
+    @staticmethod
+    def _define(sg: native.Subgraph, v: TensorValue, dims: tuple[int, ...], data: np.ndarray | None, ext: int,
+                flags: int) -> int:
+        q = v.quant
+        if q is None:
+            return sg.define_tensor(v.datatype, dims, data, ext, flags)
+        if hasattr(q, "zero_point"):
+            return sg.define_quantized_tensor(v.datatype, q.zero_point, q.scale, dims, data, ext, flags)
+        return sg.define_channelwise_quantized_tensor(v.datatype, np.asarray(q.scale), dims, q.channel_dim, data,
+                                                      ext, flags)
+
+
+def _weights(n: XNode) -> tuple[int, ...]:
+    if n.kind in _WEIGHT_KINDS:
+        return (n.get("filter_id"), n.get("bias_id"))
+    return ()
+
+
+def _missing_ids(n: XNode) -> list[str]:
+    """Input id fields ``n`` must set but leaves at ``INVALID_ID`` (``XNode.inputs()`` skips those)."""
+    names = [f for f, _ in node_layout(n.kind) if f in INPUT_FIELDS and f not in ("bias_id", "mask_id")]
+    if n.kind in CAT_INPUTS:
+        names = [f"input{k + 1}_id" for k in range(CAT_INPUTS[n.kind])]
+    return [f for f in names if n.get(f) == INVALID_ID]
+
+
+def _other_inputs(n: XNode) -> list[int]:
+    w = _weights(n)
+    return [i for i in n.inputs() if i not in w]
+
+
+def _padded_copy(a: np.ndarray) -> np.ndarray:
+    raw = np.zeros(a.nbytes + native.EXTRA_BYTES, np.uint8)
+    raw[: a.nbytes] = a.reshape(-1).view(np.uint8)
+    return raw[: a.nbytes].view(a.dtype).reshape(a.shape)
