@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from edgeport.runtime import Runtime  # noqa: E402
 from edgeport_xnnpack import _host_gemm, native  # noqa: E402
-from edgeport_xnnpack import runtime as xnn_runtime  # noqa: E402
+from edgeport_xnnpack import _planner as xnn_planner  # noqa: E402
 from edgeport_xnnpack._blas import blas_threads, cblas_address  # noqa: E402
 from edgeport_xnnpack.options import XnnpackRuntimeOptions  # noqa: E402
 
@@ -194,13 +194,13 @@ def test_packed_kernel_refuses_bad_arguments(change, message):
 class _Count:
     def __init__(self, monkeypatch) -> None:
         self.calls = 0
-        real = xnn_runtime.product_op
+        real = xnn_planner.product_op
 
         def counting(*args, **kwargs):
             op = real(*args, **kwargs)
             self.calls += op is not None
             return op
-        monkeypatch.setattr(xnn_runtime, "product_op", counting)
+        monkeypatch.setattr(xnn_planner, "product_op", counting)
         monkeypatch.setattr(_host_gemm, "MIN_MACS", 0)  # every eligible product, however small, on the host
 
 

@@ -238,7 +238,8 @@ def pack_filter(w: np.ndarray, bias: np.ndarray | None, k: int, n: int,
     packed_bias = np.zeros(n16, np.float32)
     if bias is not None:
         packed_bias[:n] = bias.reshape(n)
-    return np.ascontiguousarray(padded.reshape(n16 // 16, 16, k).transpose(0, 2, 1)), packed_bias
+    return (_host_conv.aligned(padded.reshape(n16 // 16, 16, k).transpose(0, 2, 1)),
+            _host_conv.aligned(packed_bias))
 
 
 def gemm_op(n: XNode, mkn: tuple[int, int, int], out_shape: tuple[int, ...], pool: Any,
