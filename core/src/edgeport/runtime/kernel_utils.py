@@ -44,23 +44,22 @@ def resize(out: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
     Raises :class:`RuntimeExecutionError` when ``shape`` needs more elements than the planned buffer holds.
     """
-    shape = tuple(int(s) for s in shape)
+    if type(shape) is not tuple:
+        shape = tuple(map(int, shape))
     if out.shape == shape:
         return out
     n = prod(shape)
-    if n > out.size:
+    if n > out.size or (shape and min(shape) < 0):
+        if shape and min(shape) < 0:
+            raise RuntimeExecutionError(f"an output cannot have the negative shape {list(shape)}")
         raise RuntimeExecutionError(
             f"an output needs shape {list(shape)} ({n} elements) but its planned buffer has shape "
             f"{list(out.shape)} ({out.size} elements); the program's upper bounds are too small for this input"
         )
-    if len(shape) != out.ndim:
-        # rank changes only for contiguous tensors
-        flat = out.reshape(-1) if out.flags.c_contiguous else None
-        if flat is None:
-            raise RuntimeExecutionError(f"cannot resize a non-contiguous output of rank {out.ndim} to {shape}")
-        return flat[:n].reshape(shape)
-    if out.flags.c_contiguous:
+    if out.flags.c_contiguous:  # the common case: a prefix of the planned memory (any rank)
         return out.reshape(-1)[:n].reshape(shape)
+    if len(shape) != out.ndim:  # rank changes only for contiguous tensors
+        raise RuntimeExecutionError(f"cannot resize a non-contiguous output of rank {out.ndim} to {shape}")
     # non-default dim order: keep the physical order implied by the strides
     order = sorted(range(out.ndim), key=lambda d: (-out.strides[d], d))
     base = _physical_flat(out, order)

@@ -18,6 +18,9 @@ KERNELS: dict[str, Callable[..., Any]] = {}
 
 _nd = np.ndarray
 
+#: broadcast shape of (shape a, shape b) seen by :func:`ew` (bounded; the shapes of a program repeat every run)
+_EW_SHAPES: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
+
 
 def kernel(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the portable kernel of each op name given."""
@@ -40,7 +43,12 @@ def ew(uf: np.ufunc, out: np.ndarray, a: Any, b: Any) -> np.ndarray:
         if a.__class__ is _nd or b.__class__ is _nd:
             uf(a, b, out=out, casting="unsafe")
             return out
-    res_shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+    key = (np.shape(a), np.shape(b))
+    res_shape = _EW_SHAPES.get(key)
+    if res_shape is None:
+        res_shape = np.broadcast_shapes(*key)
+        if len(_EW_SHAPES) < 512:
+            _EW_SHAPES[key] = res_shape
     if res_shape != shape:
         out = resize(out, res_shape)
     uf(a, b, out=out, casting="unsafe")

@@ -486,7 +486,9 @@ _UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
 @kernel("aten::embedding.out")
 def embedding_out(weight, indices, padding_idx, scale_grad_by_freq, sparse, out):
     unsigned = _UNSIGNED.get(indices.dtype)
-    if unsigned is not None:  # one reduction: seen unsigned, a negative index is larger than any row count
+    if unsigned is not None and indices.size == 1:  # one token (a decode step)
+        bad = not 0 <= indices.item() < weight.shape[0]
+    elif unsigned is not None:  # one reduction: seen unsigned, a negative index is larger than any row count
         bad = indices.size and int(indices.view(unsigned).max()) >= weight.shape[0]
     else:
         bad = indices.size and (indices.min() < 0 or indices.max() >= weight.shape[0])
@@ -497,7 +499,7 @@ def embedding_out(weight, indices, padding_idx, scale_grad_by_freq, sparse, out)
     if out.shape != shape:
         out = resize(out, shape)
     if out.dtype == weight.dtype and out.flags.c_contiguous:
-        np.take(weight, indices, axis=0, out=out)
+        np.take(weight, indices, axis=0, out=out, mode="clip")  # checked above; "clip" writes out unbuffered
     else:
         np.copyto(out, np.take(weight, indices, axis=0), casting="unsafe")
     return out

@@ -62,7 +62,8 @@ def to_dim_order_copy_out(self, non_blocking, dim_order, out):
 
 @kernel("aten::copy.out")
 def copy_out(self, src, non_blocking, out):
-    return _copy_into(out, np.broadcast_to(src, self.shape))
+    same = type(src) is np.ndarray and src.shape == self.shape
+    return _copy_into(out, src if same else np.broadcast_to(src, self.shape))
 
 
 copy_out.shape_only = (0,)  # only ``self``'s shape matters (common calls at load, ``runtime._cse``)
@@ -71,18 +72,19 @@ copy_out.shape_only = (0,)  # only ``self``'s shape matters (common calls at loa
 @kernel("aten::copy_", "aten::copy_.default")
 def copy_inplace(self, src, non_blocking):
     """In-place ``self.copy_(src)`` (ExecuTorch emits it to write mutated buffers back)."""
-    np.copyto(self, np.broadcast_to(src, self.shape), casting="unsafe")
+    same = type(src) is np.ndarray and src.shape == self.shape
+    np.copyto(self, src if same else np.broadcast_to(src, self.shape), casting="unsafe")
     return self
 
 
 @kernel("aten::index_put_", "aten::index_put_.default")
 def index_put_inplace(self, indices, values, accumulate):
-    from edgeport.runtime.portable.extra import _index_key
-
-    at = _one_position(self, indices)
-    if at is not None and not accumulate:  # a KV-cache write at one position: a basic slice, same region
+    at = None if accumulate else _one_position(self, indices)
+    if at is not None:  # a KV-cache write at one position: a basic slice, same region
         self[at] = values
         return self
+    from edgeport.runtime.portable.extra import _index_key  # (extra imports this module)
+
     key = _index_key(self, indices, "index_put_")
     if accumulate:
         np.add.at(self, key, values)
@@ -243,7 +245,7 @@ def narrow_copy_out(self, dim, start, length, out):
 @kernel("aten::unsqueeze_copy.out")
 def unsqueeze_copy_out(self, dim, out):
     d = normalize_dim(dim, self.ndim + 1)
-    return _copy_into(out, np.expand_dims(self, d))
+    return _copy_into(out, self[(slice(None),) * d + (None,)])
 
 
 @kernel("aten::squeeze_copy.dims_out")

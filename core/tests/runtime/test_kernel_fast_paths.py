@@ -1,0 +1,172 @@
+"""Fast paths of the portable kernels and of the fused masked-row guard give the same bits as the general
+paths they shortcut: the guard against its six unfused kernels, ``resize`` against its contract, and the
+shortcuts of ``copy``, ``copy_``, ``unsqueeze_copy``, ``embedding``, ``index_put_`` and the elementwise helper
+against numpy / the general path. Bad input still fails with a clear error."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from edgeport.errors import RuntimeExecutionError
+from edgeport.runtime._fuse import _guard_op
+from edgeport.runtime.kernel_utils import resize
+from edgeport.runtime.portable import KERNELS
+
+K = KERNELS
+
+
+def _unfused_guard(x, v, y, s, dim, keepdim, fill, fill_first):
+    """The six portable kernel calls the fused guard stands for, each into its own (larger) planned buffer."""
+    big = tuple(n + 2 for n in x.shape)
+    a = K["aten::eq.Scalar_out"](x, s, np.zeros(big, bool))
+    b = K["aten::logical_not.out"](a, np.zeros(big, bool))
+    c = K["aten::any.out"](b, dim, keepdim, np.zeros(big, bool))
+    d = K["aten::logical_not.out"](c, np.zeros(big, bool))
+    z = K["aten::full_like.out"](v, fill, None, np.zeros(tuple(n + 1 for n in v.shape), y.dtype))
+    out = np.zeros(tuple(n + 3 for n in y.shape), y.dtype)
+    return K["aten::where.self_out"](d, z, y, out) if fill_first else K["aten::where.self_out"](d, y, z, out)
+
+
+def _cases():
+    rng = np.random.default_rng(0)
+    for shape, dim, keepdim, s, fill_first in itertools.product(
+            [(1, 4, 8, 8), (1, 8, 1, 128), (3, 5), (2, 0)], [-1, 0], [True, False], [float("-inf"), 0.0],
+            [True, False]):
+        for rows in ("none", "some", "all", "nan"):
+            x = rng.standard_normal(shape).astype(np.float32)
+            if x.size:
+                x[..., 3:] = s  # partly masked rows everywhere
+                if rows == "some":
+                    x[(0,) * (x.ndim - 1)] = s
+                elif rows == "all":
+                    x[...] = s
+                elif rows == "nan":
+                    x[(0,) * (x.ndim - 1)] = s
+                    x.reshape(-1)[0] = np.nan
+            yield x, dim, keepdim, s, fill_first
+
+
+@pytest.mark.parametrize("fill", [0.0, -1.5])
+def test_fused_guard_equals_the_six_kernels(fill):
+    n = failing = 0
+    for x, dim, keepdim, s, fill_first in _cases():
+        y = (x * 2).astype(np.float32)
+        op = _guard_op(s, dim, keepdim, fill, np.dtype(np.float32), K["aten::where.self_out"])
+        out = np.full(tuple(k + 3 for k in y.shape), 7.0, np.float32)
+        args = (x, y, None, y, out) if fill_first else (x, y, y, None, out)
+        try:
+            want = _unfused_guard(x, y, y, s, dim, keepdim, fill, fill_first)
+        except ValueError:  # keepdim=False rows that do not broadcast against y: the fused op fails the same way
+            with pytest.raises(ValueError):
+                op(*args)
+            failing += 1
+            continue
+        for _ in range(2):  # the second call takes the cached shapes
+            got = op(*args)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+        n += 1
+    assert n > 100 and failing > 0
+
+
+def test_fused_guard_casts_into_the_output_dtype_as_where_does():
+    x = np.array([[0.0, float("-inf")], [1.0, 2.0]], np.float32)
+    y = np.array([[1.5, 2.5], [3.5, -4.5]], np.float32)
+    for fill_first in (True, False):
+        want = _unfused_guard(x, y, y, float("-inf"), -1, True, 0, fill_first)
+        op = _guard_op(float("-inf"), -1, True, 0, np.dtype(np.float32), K["aten::where.self_out"])
+        out = np.zeros((2, 2), np.float64)
+        got = op(x, y, None, y, out) if fill_first else op(x, y, y, None, out)
+        np.testing.assert_array_equal(got, want.astype(np.float64))
+
+
+def test_fused_guard_rejects_shapes_that_do_not_broadcast():
+    op = _guard_op(0.0, -1, True, 0, np.dtype(np.float32), K["aten::where.self_out"])
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError):
+        op(x, x, None, np.ones((4, 5), np.float32), np.zeros((8, 8), np.float32))
+
+
+def test_resize_contract():
+    out = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    assert resize(out, (2, 3, 4)) is out
+    v = resize(out, [1, 3, 4])  # a list: same as the tuple
+    assert v.shape == (1, 3, 4) and np.shares_memory(v, out) and v[0, 0, 0] == 0
+    assert resize(out, (6,)).shape == (6,)  # rank change of a contiguous buffer
+    assert resize(out, (0, 3)).shape == (0, 3)
+    with pytest.raises(RuntimeExecutionError, match="planned buffer"):
+        resize(out, (5, 5))
+    with pytest.raises(RuntimeExecutionError, match="negative"):
+        resize(out, (-1, 4))
+    with pytest.raises(RuntimeExecutionError, match="negative"):
+        resize(out, (-2, -3))
+    # a non-contiguous planned output (channels-last dim order) keeps its physical order
+    cl = np.zeros((2, 4, 3, 3), np.float32).transpose(0, 2, 3, 1)  # logical (2, 3, 3, 4), NHWC memory
+    part = resize(cl, (1, 3, 3, 4))
+    assert part.shape == (1, 3, 3, 4) and np.shares_memory(part, cl)
+    assert part.strides == cl.strides
+    with pytest.raises(RuntimeExecutionError, match="non-contiguous"):
+        resize(cl, (9, 4))
+
+
+def test_elementwise_broadcast_shapes_follow_the_inputs():
+    add = K["aten::add.out"]
+    out = np.zeros(32, np.int64)
+    for n in (1, 5, 1, 32, 3):  # a dynamic size changing from run to run
+        a = np.arange(n, dtype=np.int64)
+        got = add(a, np.array(7), 1, out)
+        np.testing.assert_array_equal(got, a + 7)
+        got = add(np.array([2]), a, 2, out)
+        np.testing.assert_array_equal(got, 2 + 2 * a)
+    with pytest.raises(ValueError):
+        add(np.zeros(3), np.zeros(4), 1, np.zeros(8))
+
+
+def test_copy_shortcuts_match_numpy():
+    rng = np.random.default_rng(1)
+    src = rng.standard_normal((2, 3)).astype(np.float32)
+    out = np.zeros((2, 3), np.float64)
+    np.testing.assert_array_equal(K["aten::copy.out"](out, src, False, out.copy()), src.astype(np.float64))
+    np.testing.assert_array_equal(K["aten::copy.out"](out, src[0], False, out.copy()),
+                                  np.broadcast_to(src[0], (2, 3)))
+    dst = np.zeros((2, 3), np.int32)
+    K["aten::copy_"](dst, np.array([1.7, -2.2, 3.0]), False)  # broadcast and an unsafe cast
+    np.testing.assert_array_equal(dst, np.array([[1, -2, 3], [1, -2, 3]], np.int32))
+    K["aten::copy_"](dst, np.full((2, 3), 5, np.int64), False)
+    assert (dst == 5).all()
+    with pytest.raises(ValueError):
+        K["aten::copy_"](dst, np.zeros((4, 3)), False)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
+def test_unsqueeze_copy_matches_expand_dims(dim):
+    x = np.arange(6, dtype=np.int64).reshape(2, 3)
+    got = K["aten::unsqueeze_copy.out"](x, dim, np.zeros(tuple(np.expand_dims(x, dim).shape), np.int64))
+    np.testing.assert_array_equal(got, np.expand_dims(x, dim))
+    with pytest.raises(RuntimeExecutionError, match="out of range"):
+        K["aten::unsqueeze_copy.out"](x, 3, np.zeros((2, 3, 1, 1), np.int64))
+
+
+def test_embedding_single_and_many_indices():
+    emb = K["aten::embedding.out"]
+    w = np.arange(40, dtype=np.float32).reshape(10, 4)
+    for idx in (np.array([[3]]), np.array([[0, 9, 4]]), np.array([[7]], np.int32), np.array([], np.int64)):
+        got = emb(w, idx, -1, False, False, np.zeros((1, 8, 4), np.float32))
+        np.testing.assert_array_equal(got, w[idx])
+    for bad in (np.array([[10]]), np.array([[-1]]), np.array([[1, -1]]), np.array([[2, 10]], np.int32)):
+        with pytest.raises(RuntimeExecutionError, match="out of range"):
+            emb(w, bad, -1, False, False, np.zeros((1, 8, 4), np.float32))
+
+
+def test_index_put_accumulate_takes_the_general_path():
+    a = np.zeros((1, 2, 4, 3), np.float32)
+    v = np.ones((1, 2, 1, 3), np.float32)
+    put = K["aten::index_put_"]
+    put(a, [None, None, np.array([2])], v, True)
+    put(a, [None, None, np.array([2])], v, True)
+    assert (a[:, :, 2] == 2).all() and a.sum() == 12
+    put(a, [None, None, np.array([1])], v * 5, False)
+    assert (a[:, :, 1] == 5).all()
