@@ -29,13 +29,11 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import operator
 import os
 import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,54 +43,11 @@ from architectures import write_section  # noqa: E402  (bench/ is not a package)
 from lowering import loadavg  # noqa: E402
 from xnnpack_bench.machine import cpu_model  # noqa: E402
 
+from edgeport.testing.int8_suite import calibration_inputs, delegated_ops, sqnr_db  # noqa: E402
+
 SECTION_TITLE = "## Architecture suite: Arm Ethos-U"
-_QDQ = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel")
-
-
-def _compute(node: Any) -> bool:
-    if node.op != "call_function" or node.target is operator.getitem:
-        return False
-    return not any(k in str(node.target) for k in _QDQ)
-
-
-def share_of(program: Any, inner: Callable[[Any], Any]) -> tuple[int, int]:
-    """(compute ops inside delegates, compute ops outside) of a lowered edge program; ``inner(node)`` is the
-    graph module a delegate call runs."""
-    inside = outside = 0
-    for n in program.graph.nodes:
-        if n.op == "call_function" and "call_delegate" in str(getattr(n.target, "__name__", n.target)):
-            inside += sum(1 for m in inner(n).graph.nodes if _compute(m))
-        elif _compute(n):
-            outside += 1
-    return inside, outside
-
-
-def sqnr(got: Any, want: Any) -> float:
-    import numpy as np
-
-    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    noise = float(((g - w) ** 2).sum())
-    return float("inf") if noise == 0 else float(10 * np.log10(float((w ** 2).sum()) / noise))
-
-
-def calibration(arch: Any) -> list[tuple[Any, ...]]:
-    import torch
-
-    gen = torch.Generator().manual_seed(1)
-    x = arch.example_inputs[0]
-    batches = [(torch.randint(0, arch.vocab, x.shape, generator=gen) if arch.kind == "text"
-                else torch.randn(x.shape, generator=gen),) for _ in range(4)]
-    return batches + [tuple(arch.example_inputs)]
-
-
 def _error(exc: BaseException) -> str:
     return f"no: {type(exc).__name__}: {' '.join(str(exc).split())[:140]}"
-
-
-def _ours_inner(node: Any) -> Any:
-    from edgeport.aot.delegate_op import lookup_lowered_module
-
-    return lookup_lowered_module(node.args[0]).original_module
 
 
 def _run(buffer: bytes, inputs: tuple[Any, ...]) -> Any:
@@ -118,16 +73,17 @@ def ours_int8(arch: Any, target: str) -> dict[str, Any]:
     spec = EthosUCompileSpec(target)
     try:
         prepared = prepare_pt2e(torch.export.export(arch.model, inputs).module(), EthosUQuantizer(spec))
-        for batch in calibration(arch):
+        for batch in calibration_inputs(arch):
             prepared(*batch)
         converted = convert_pt2e(prepared)
         with torch.no_grad():
             oracle = converted(*inputs).numpy()
-        row["pt2e_sqnr"] = sqnr(oracle, eager)
+        row["pt2e_sqnr"] = sqnr_db(oracle, eager)
         partitioner = EthosUPartitioner(spec, cpu_fallback=True)
         t0 = time.perf_counter()
         edge = to_edge_transform_and_lower(torch.export.export(converted, inputs), partitioner=[partitioner])
-        inside, outside = share_of(edge.exported_program(), _ours_inner)
+        inside, total = delegated_ops(edge)
+        outside = total - inside
         buffer = edge.to_executorch().buffer
         row["seconds"] = time.perf_counter() - t0
     except Exception as exc:  # noqa: BLE001 - a failed lowering is a result of the benchmark
@@ -137,7 +93,7 @@ def ours_int8(arch: Any, target: str) -> dict[str, Any]:
                refusals=len(partitioner.refusals))
     try:
         got = _run(buffer, inputs)
-        row.update(ran="yes", sqnr=sqnr(got, eager), vs_pt2e=sqnr(got, oracle))
+        row.update(ran="yes", sqnr=sqnr_db(got, eager), vs_pt2e=sqnr_db(got, oracle))
     except Exception as exc:  # noqa: BLE001
         row["ran"] = _error(exc)
     return row
@@ -155,7 +111,8 @@ def ours_fp(arch: Any) -> dict[str, Any]:
     try:
         edge = to_edge_transform_and_lower(torch.export.export(arch.model, inputs),
                                            partitioner=[TOSAPartitioner(TosaCompileSpec("TOSA-1.0+FP"))])
-        inside, outside = share_of(edge.exported_program(), _ours_inner)
+        inside, total = delegated_ops(edge)
+        outside = total - inside
         buffer = edge.to_executorch().buffer
     except Exception as exc:  # noqa: BLE001
         row["lowered"] = _error(exc)
@@ -185,7 +142,7 @@ def theirs(arch: Any, what: str, target: str) -> dict[str, Any]:
             quantizer = EthosUQuantizer(spec)
             quantizer.set_global(get_symmetric_quantization_config())
             prepared = prepare_pt2e(ep.module(check_guards=False), quantizer)
-            for batch in calibration(arch):
+            for batch in calibration_inputs(arch):
                 prepared(*batch)
             ep = torch.export.export(convert_pt2e(prepared), inputs)
             partitioner = EthosUPartitioner(spec)
@@ -197,7 +154,8 @@ def theirs(arch: Any, what: str, target: str) -> dict[str, Any]:
         program = to_edge_transform_and_lower(ep, partitioner=[partitioner]).exported_program()
     except Exception as exc:  # noqa: BLE001
         return {"lowered": _error(exc)}
-    inside, outside = share_of(program, lambda n: getattr(program.graph_module, n.args[0].target).original_module)
+    inside, total = delegated_ops(program)
+    outside = total - inside
     return {"lowered": "yes", "share": inside / max(1, inside + outside), "ops": (inside, outside)}
 
 
