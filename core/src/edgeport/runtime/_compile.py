@@ -64,6 +64,7 @@ class ChainCompiler:
         self.delegate_outputs: set[int] = set()
         #: list values over slots a run rewrites: value index -> (list kind, items)
         self.dynamic_lists: dict[int, tuple[str, list[int]]] = {}
+        self.output_values = set(plan.outputs)
         for i, ev in enumerate(mv.values):
             k = mv.kinds[i]
             if k in (S.IntList, S.TensorList, S.OptionalTensorList):
@@ -103,10 +104,14 @@ class ChainCompiler:
                         arg_slots[pos] = layout.capacity[idx]
                     elif idx in layout.tensorlist_capacity:
                         arg_slots[pos] = layout.tensorlist_capacity[idx]
+                inline: dict[int, int] = {}  # argument position -> list value built by the argument getter
                 for pos, idx in enumerate(params):
                     if idx in self.dynamic_lists and pos not in outs:
-                        ops.append((self._list_resolver(idx), _vals_only, None))
-                        labels.append(label)
+                        if pos in call.mut or idx in self.output_values:  # its slot must hold the list
+                            ops.append((self._list_resolver(idx), _vals_only, None))
+                            labels.append(label)
+                        else:
+                            inline[pos] = idx
                 post = self._kernel_post(call.name, params, call.rets, call.stores, call.mut, outs)
                 fused = self.analysis.fused.get((ci, ii))
                 if fused is not None and arg_slots[outs[0]] != layout.none_slot:
@@ -122,7 +127,8 @@ class ChainCompiler:
                     ops.append((reuse_result, getter([source, arg_slots[outs[0]]]), post))
                     labels.append(label)
                     continue
-                ops.append((call.entry.fn, getter(arg_slots), post))
+                get = self._getter_with_lists(arg_slots, inline) if inline else getter(arg_slots)
+                ops.append((call.entry.fn, get, post))
                 labels.append(label)
                 self.kernel_ops += 1
             elif k is S.DelegateCall:
@@ -167,6 +173,22 @@ class ChainCompiler:
                         raise mv.err(f"chains[{ci}]: jump destination {dest} out of range")
                     ops[n] = (JUMP, op[1], index_map[dest])
         return ops, has_jump, labels
+
+    def _getter_with_lists(self, slots: list[int], inline: dict[int, int]) -> Callable[[list], tuple]:
+        """The argument getter of a kernel call that takes lists over slots a run rewrites: each such list is
+        built from its items' slots as the arguments are read (what a resolver operation would store)."""
+        parts = []
+        for pos, slot in enumerate(slots):
+            if pos not in inline:
+                parts.append(f"vals[{int(slot)}]")
+                continue
+            kind, items = self.dynamic_lists[inline[pos]]
+            if kind == "IntList":
+                parts.append("(" + "".join(f"vals[{int(i)}], " for i in items) + ")")
+            else:
+                parts.append("[" + ", ".join("None" if i < 0 else f"vals[{int(i)}]" for i in items) + "]")
+        # generated from integers only: one tuple display, no loop per call
+        return eval("lambda vals: (" + "".join(p + ", " for p in parts) + ")", {"__builtins__": {}})  # noqa: S307
 
     def _list_resolver(self, idx: int) -> Callable[[list], None]:
         kind, items = self.dynamic_lists[idx]
