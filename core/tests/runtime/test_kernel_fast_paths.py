@@ -170,3 +170,23 @@ def test_index_put_accumulate_takes_the_general_path():
     assert (a[:, :, 2] == 2).all() and a.sum() == 12
     put(a, [None, None, np.array([1])], v * 5, False)
     assert (a[:, :, 1] == 5).all()
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32, np.float32), (np.int64, np.float32, np.float32),
+                                    (np.float32, np.float64, np.float32), (np.int32, np.int64, np.int64),
+                                    (np.bool_, np.int64, np.float32)])
+def test_where_casts_each_branch_into_the_output_once(dtypes):
+    """Each element is its branch's value cast straight to the output dtype, whatever the branches' common
+    type (the small one-pass path applies only where that common type is the output dtype)."""
+    a_t, b_t, o_t = dtypes
+    rng = np.random.default_rng(2)
+    where = K["aten::where.self_out"]
+    for shape in [(3, 1), (1, 1, 1, 128), (2, 4096)]:
+        cond = rng.random(shape) < 0.5
+        a = (rng.standard_normal(shape) * 1e9).clip(-2e9, 2e9).astype(a_t)
+        b = (rng.standard_normal((1,) + shape[1:]) * 3).astype(b_t)
+        for _ in range(2):  # the second call takes the cached shapes and result type
+            got = where(cond, a, b, np.zeros((4,) + shape[1:] if shape[0] < 4 else shape, o_t))
+            want = np.broadcast_to(b, shape).astype(o_t)
+            want[cond] = a[cond].astype(o_t)
+            np.testing.assert_array_equal(got, want)

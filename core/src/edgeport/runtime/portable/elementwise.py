@@ -439,7 +439,8 @@ _WHERE_SHAPES: dict[tuple, tuple[int, ...]] = {}  # broadcast shape of (conditio
 
 @kernel("aten::where.self_out")
 def where_out(condition, self, other, out):
-    key = (condition.shape, np.shape(self), np.shape(other))
+    key = (condition.shape, self.shape if self.__class__ is _nd else np.shape(self),
+           other.shape if other.__class__ is _nd else np.shape(other))
     shape = _WHERE_SHAPES.get(key)
     if shape is None:
         shape = np.broadcast_shapes(*key)
@@ -453,13 +454,29 @@ def where_out(condition, self, other, out):
         np.copyto(out, other, casting="unsafe")
     elif n == condition.size or (n < 0 and condition.all()):
         np.copyto(out, self, casting="unsafe")
-    elif out.size <= 4096 and np.result_type(self, other) == out.dtype:
+    elif out.size <= 4096 and _result_type(self, other) == out.dtype:
         np.copyto(out, np.where(condition, self, other))  # small: one pass, no cast
     else:
         np.copyto(out, other, casting="unsafe")
         if not _copy_rows(out, self, condition):
             np.copyto(out, self, casting="unsafe", where=condition)
     return out
+
+
+_RESULT_TYPES: dict[tuple, np.dtype] = {}  # np.result_type of two arrays, by their dtypes
+
+
+def _result_type(a, b) -> np.dtype:
+    """``np.result_type(a, b)``; for two arrays (whose result type depends on their dtypes only) cached."""
+    if a.__class__ is not _nd or b.__class__ is not _nd:
+        return np.result_type(a, b)
+    key = (a.dtype, b.dtype)
+    r = _RESULT_TYPES.get(key)
+    if r is None:
+        r = np.result_type(a, b)
+        if len(_RESULT_TYPES) < 256:
+            _RESULT_TYPES[key] = r
+    return r
 
 
 def _copy_rows(out, src, condition) -> bool:

@@ -72,7 +72,7 @@ def arange_start_out(start, end, step, out):
         raise RuntimeExecutionError(f"arange: upper bound and step of ({start}, {end}, {step}) disagree")
     if out.shape != (n,):
         out = resize(out, (n,))
-    if out.dtype.kind in "iu" and all(isinstance(v, int) for v in (start, end, step)):
+    if out.dtype.kind in "iu" and isinstance(start, int) and isinstance(end, int) and isinstance(step, int):
         out[...] = np.arange(start, start + n * step, step, dtype=np.int64)[:n]
     else:
         out[...] = start + np.arange(n, dtype=np.float64) * step
