@@ -28,7 +28,8 @@ setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_g
                                                  "-Wno-missing-field-initializers"]),
                    # qd8 x qc8w / qb4w fully connected; no fused multiply-adds: the row quantization must round
                    # like XNNPACK's convert (and edgeport_xnnpack._dynamic_quant) step by step
-                   Extension("edgeport_xnnpack._qd8", ["src/edgeport_xnnpack/_qd8.c"], optional=True,
+                   Extension("edgeport_xnnpack._qd8", ["src/edgeport_xnnpack/_qd8.c", "src/edgeport_xnnpack/_qd8_b4.c"],
+                             depends=["src/edgeport_xnnpack/_qd8.h"], optional=True,
                              extra_compile_args=["-O3", "-ffp-contract=off", "-Wall", "-Wextra",
                                                  "-Wno-unused-parameter", "-Wno-missing-field-initializers"]),
                    # the thread pool: a plain shared library (no Python API) that ctypes opens before libXNNPACK;

@@ -168,6 +168,8 @@ class Qd8Weights:
     group: int
     k: int
     n: int
+    #: bits 4: the filter in the ``_qd8`` kernel's packed layout, made at the first load (``_host_qd8.packed_filter``)
+    packed: np.ndarray | None = None
 
 
 def host_dynamic_products(graph: Graph, dynamic: set[int], values: dict[int, TensorValue],
