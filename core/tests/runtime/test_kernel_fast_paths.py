@@ -190,3 +190,26 @@ def test_where_casts_each_branch_into_the_output_once(dtypes):
             want = np.broadcast_to(b, shape).astype(o_t)
             want[cond] = a[cond].astype(o_t)
             np.testing.assert_array_equal(got, want)
+
+
+def test_index_put_of_position_runs_matches_fancy_indexing():
+    """A prefill's cache write (consecutive positions) takes a basic slice; anything else the general path."""
+    rng = np.random.default_rng(3)
+    put = K["aten::index_put_"]
+    runs = [np.arange(0, 32), np.arange(96, 128), np.arange(5, 9, dtype=np.int32), np.arange(3, 5, dtype=np.uint8),
+            np.array([3, 5, 4, 6]), np.array([4, 3]), np.array([2, 2, 3]), np.array([-2, -1]), np.array([7, 8, 9, 9])]
+    for ix in runs:
+        for dim in (2, 1):
+            shape = (1, 2, 128, 4) if dim == 2 else (1, 128, 4)
+            a = rng.standard_normal(shape).astype(np.float32)
+            b = a.copy()
+            vshape = list(shape)
+            vshape[dim] = ix.size
+            v = rng.standard_normal(vshape).astype(np.float32)
+            indices = [None] * dim + [ix]
+            put(a, indices, v, False)
+            b[(slice(None),) * dim + (ix,)] = v
+            np.testing.assert_array_equal(a, b)
+    for bad in (np.arange(126, 130), np.array([127, 128])):
+        with pytest.raises(RuntimeExecutionError, match="index"):
+            put(np.zeros((1, 2, 128, 4), np.float32), [None, None, bad], np.zeros((1, 2, bad.size, 4)), False)

@@ -80,7 +80,7 @@ def copy_inplace(self, src, non_blocking):
 @kernel("aten::index_put_", "aten::index_put_.default")
 def index_put_inplace(self, indices, values, accumulate):
     at = None if accumulate else _one_position(self, indices)
-    if at is not None:  # a KV-cache write at one position: a basic slice, same region
+    if at is not None:  # a KV-cache write at one position or a run of them: a basic slice, same region
         self[at] = values
         return self
     from edgeport.runtime.portable.extra import _index_key  # (extra imports this module)
@@ -94,22 +94,27 @@ def index_put_inplace(self, indices, values, accumulate):
 
 
 def _one_position(self, indices):
-    """For indices that are all ``None`` but one integer tensor of one element at dim ``d`` (an in-range
-    position), the basic-slicing key of the region fancy indexing would address; else ``None``."""
+    """For indices that are all ``None`` but one 1-D integer tensor at dim ``d`` holding one in-range position,
+    or consecutive ascending in-range positions from 0 or more (a prefill's cache positions), the basic-slicing
+    key of the region fancy indexing would address; else ``None``."""
     key = []
     found = False
     for d, ix in enumerate(indices):
         if ix is None:
             key.append(slice(None))
             continue
-        if found or type(ix) is not np.ndarray or ix.ndim != 1 or ix.size != 1 or ix.dtype.kind not in "iu" \
+        if found or type(ix) is not np.ndarray or ix.ndim != 1 or not ix.size or ix.dtype.kind not in "iu" \
                 or d >= self.ndim:
             return None
-        i, n = int(ix[0]), self.shape[d]
-        if not -n <= i < n:
-            return None  # the general path raises its error
-        i %= n
-        key.append(slice(i, i + 1))
+        i, n, m = int(ix[0]), self.shape[d], ix.size
+        if m == 1:
+            if not -n <= i < n:
+                return None  # the general path raises its error
+            i %= n
+        elif not (0 <= i and i + m <= n and int(ix[-1]) == i + m - 1
+                  and np.arange(i, i + m, dtype=ix.dtype).tobytes() == ix.tobytes()):  # i, i + 1, ... exactly
+            return None
+        key.append(slice(i, i + m))
         found = True
     return tuple(key) if found else None
 
