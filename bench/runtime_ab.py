@@ -1,0 +1,198 @@
+"""In-process A/B of the runtime's portable kernels: the same ``.pte`` loaded twice in one process, once with the
+working tree's runtime and once with the portable kernels, the fused masked-row guard and the per-call list
+resolvers of a base commit (their sources taken from git into a temporary package), calls of the two loads
+alternated in blocks. Outputs are compared bit for bit first.
+
+    python bench/runtime_ab.py --base b1213fe [--models llama bert vit t5_encoder] [--decode fp32 8da4w]
+
+Small Hugging Face configs (``edgeport.testing.architectures``, lowered with the XNNPACK partitioner): median and
+minimum microseconds per ``execute``. ``--decode``: the medium Llama-style decoder of ``bench/llm_profile.py``
+(``--pte-dir`` reuses its files); every op of a decode step timed in place, steps alternated: the portable kernel
+operations' time per step (the delegates are the same code in both loads). CPU model and load average printed; one
+XNNPACK thread. What the base load does not take from the base commit (the interpreter loop, the delegates' code)
+is shared, so only changes to ``runtime/portable``, ``runtime/kernel_utils.py``, ``runtime/_fuse.py`` and the list
+resolvers of ``runtime/_compile.py`` are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+sys.path.insert(0, str(BENCH_DIR))
+from xnnpack_bench.machine import cpu_model  # noqa: E402
+
+BASE_PKG = "edgeport_runtime_base"
+OPTS = {"XnnpackBackend": {"num_threads": 1}}
+
+
+def base_package(commit: str, root: Path) -> Any:
+    """The base commit's portable kernels, kernel_utils and _fuse as package ``BASE_PKG`` under ``root``."""
+    pkg = root / BASE_PKG
+    (pkg / "portable").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    src = "core/src/edgeport/runtime/"
+    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{commit}:{src}portable"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    for rel in ["kernel_utils.py", "_fuse.py"] + [f"portable/{n}" for n in names if n.endswith(".py")]:
+        text = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{src}{rel}"], capture_output=True,
+                              text=True, check=True).stdout
+        text = text.replace("edgeport.runtime.portable", f"{BASE_PKG}.portable")
+        text = text.replace("edgeport.runtime.kernel_utils", f"{BASE_PKG}.kernel_utils")
+        (pkg / rel).write_text(text)
+    sys.path.insert(0, str(root))
+    return importlib.import_module(f"{BASE_PKG}.portable"), importlib.import_module(f"{BASE_PKG}._fuse")
+
+
+def load(pte: bytes, base: tuple[Any, Any] | None) -> Any:
+    """The method; with ``base``, on the base commit's portable kernels, guard and list resolvers."""
+    import edgeport.runtime._method as method_module
+    from edgeport.registry import KernelRegistry, kernel_registry
+    from edgeport.runtime import Runtime
+    from edgeport.runtime._compile import ChainCompiler
+
+    if base is None:
+        return Runtime.get().load_program(pte).load_method("forward", backend_options=OPTS)
+    portable, fuse = base
+    current = kernel_registry()
+    reg = KernelRegistry()
+    for op in current.ops():
+        e = current.get(op)
+        fn = portable.KERNELS.get(op, e.fn) if e.library == "portable" else e.fn
+        reg.add(op, fn, e.library)
+    saved = method_module.masked_row_guards, ChainCompiler.__init__
+    init = ChainCompiler.__init__
+
+    def base_init(self: Any, *a: Any, **k: Any) -> None:  # every dynamic list through a resolver operation
+        init(self, *a, **k)
+        if hasattr(self, "output_values"):
+            self.output_values = set(self.output_values) | set(self.dynamic_lists)
+
+    method_module.masked_row_guards, ChainCompiler.__init__ = fuse.masked_row_guards, base_init
+    try:
+        return Runtime(kernels=reg).load_program(pte).load_method("forward", backend_options=OPTS)
+    finally:
+        method_module.masked_row_guards, ChainCompiler.__init__ = saved
+
+
+def small(name: str, base: Any, rounds: int, block: int) -> str:
+    import torch
+
+    sys.path.insert(0, str(BENCH_DIR))
+    from runtime_peer import build, lower
+
+    model, inputs = build(name, "small")
+    pte = lower(model, inputs)
+    xs = [t.numpy() for t in inputs]
+    ms = {"new": load(pte, None), "base": load(pte, base)}
+    same = np.array_equal(ms["new"].execute(xs)[0], ms["base"].execute(xs)[0])
+    times: dict[str, list[float]] = {k: [] for k in ms}
+    with torch.no_grad():
+        for r in range(rounds):
+            for k in (("new", "base") if r % 2 == 0 else ("base", "new")):
+                time.sleep(0.01)
+                m = ms[k]
+                for _ in range(3):
+                    m.execute(xs)
+                for _ in range(block):
+                    t = time.perf_counter()
+                    m.execute(xs)
+                    times[k].append(time.perf_counter() - t)
+    a, b = (statistics.median(times[k]) * 1e6 for k in ("new", "base"))
+    return (f"| {name} (small) | {a:.1f} | {b:.1f} | {a / b:.2f}x | {min(times['new']) * 1e6:.1f} / "
+            f"{min(times['base']) * 1e6:.1f} | {same} |")
+
+
+def decode(scheme: str, base: Any, pte_dir: Path, steps: int) -> str:
+    from llm_profile import build
+
+    pte = build(scheme, pte_dir).read_bytes()
+    ms = {"new": load(pte, None), "base": load(pte, base)}
+    prompt = np.random.default_rng(0).integers(3, 4096, size=32).astype(np.int64)
+    prefill = [prompt.reshape(1, -1), np.arange(32, dtype=np.int64)]
+    logits = {}
+    for k, m in ms.items():
+        m.execute(prefill)
+        logits[k] = [m.execute([np.array([[7 + i]], dtype=np.int64), np.array([32 + i], dtype=np.int64)])[0]
+                     for i in range(8)]
+    same = all(np.array_equal(x, y) for x, y in zip(logits["new"], logits["base"]))
+    pos = dict.fromkeys(ms, 128)
+    kern: dict[str, list[float]] = {k: [] for k in ms}
+    nops = {}
+    for i in range(steps):
+        for k in (("new", "base") if i % 2 == 0 else ("base", "new")):
+            m = ms[k]
+            if pos[k] >= 120:  # a fresh prefill before the context fills
+                m.execute(prefill)
+                pos[k] = 32
+            runner = m._runner
+            plan, vals = runner.plan, runner._pool[-1].vals
+            for bind, x in zip(plan.binders, [np.array([[7]], dtype=np.int64), np.array([pos[k]], dtype=np.int64)]):
+                bind(vals, x)
+            pos[k] += 1
+            spent, n = 0.0, 0
+            with np.errstate(all="ignore"):
+                for ops, _jump, labels in plan.chains:
+                    for (fn, get, post), label in zip(ops, labels):
+                        t = time.perf_counter()
+                        r = fn(*get(vals))
+                        if post is not None:
+                            post(vals, r)
+                        if "(delegate" not in label:
+                            spent += time.perf_counter() - t
+                            n += 1
+            for j in plan.borrowed:
+                vals[j] = None
+            kern[k].append(spent)
+            nops[k] = n
+    a, b = (statistics.median(kern[k]) * 1e6 for k in ("new", "base"))
+    return f"| decode {scheme} | {nops['new']} / {nops['base']} | {a:.0f} | {b:.0f} | {a / b:.2f}x | {same} |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="the commit whose portable kernels the base load takes")
+    ap.add_argument("--models", nargs="*", default=["llama", "bert", "vit", "t5_encoder"])
+    ap.add_argument("--decode", nargs="*", default=[], help="fp32 / 8da4w decode steps of bench/llm_profile.py's model")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--block", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--pte-dir", default="/tmp/edgeport-llm-profile")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    print(f"CPU: {cpu_model()}; base {args.base}; load average at start "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; 1 XNNPACK thread")
+    with tempfile.TemporaryDirectory(prefix="edgeport-ab-") as tmp:
+        base = base_package(args.base, Path(tmp))
+        if args.models:
+            print("\n| model | new us | base us | new / base | min new / base | bit-identical |")
+            print("|---|---:|---:|---:|---:|---|")
+            for name in args.models:
+                print(small(name, base, args.rounds, args.block), flush=True)
+        if args.decode:
+            Path(args.pte_dir).mkdir(parents=True, exist_ok=True)
+            print("\n| decode step | kernel ops new / base | kernels us new | base | new / base | bit-identical |")
+            print("|---|---:|---:|---:|---:|---|")
+            for scheme in args.decode:
+                print(decode(scheme, base, Path(args.pte_dir), args.steps), flush=True)
+    print(f"\nload average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
