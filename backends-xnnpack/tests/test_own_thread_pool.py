@@ -94,6 +94,26 @@ def test_every_item_exactly_once(kind, threads):
         pool.close()
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_policy_is_checked_and_every_policy_runs_every_item_once(threads):
+    lib = own()
+    pool = native.ThreadPool(threads)
+    try:
+        for bad in ((-1, 20), (2e6, 20), (50, 0.5), (50, 2000)):  # spin 0..1e6 us, back-off 0 or 1..1000 ms
+            with pytest.raises(native.XnnpackError, match="bad pool policy"):
+                pool.set_policy(*bad)
+        # items split in per-thread shares (uneven counts: the first shares get one more), stolen when a thread is
+        # done: each exactly once whatever the policy (workers parking at once, never running solo)
+        for policy in ((0, 0), (50, 20), (1000, 0)):
+            assert pool.set_policy(*policy)
+            for n in (1, 2, threads + 1, 97, 1000):
+                assert run_kind(lib, pool.handle, "1d", (n,), (1,)) == expected_calls((n,), (1,), 0)
+            assert run_kind(lib, pool.handle, "2d_tile_2d", (13, 11), (2, 3)) == expected_calls((13, 11), (2, 3), 2)
+    finally:
+        pool.close()
+    assert not native.ThreadPool(1).set_policy(50, 20)  # no pool to set
+
+
 def test_threads_count():
     lib = own()
     fn = lib.pool.pthreadpool_get_threads_count

@@ -17,6 +17,13 @@
 #include "_gemm_common.h"
 #include <math.h>
 
+#ifndef CONV_ITEMS_PER_THREAD
+#define CONV_ITEMS_PER_THREAD 16
+#endif
+/* a packed filter up to this size is split by pixels between threads (it stays in each core's cache), a larger
+   one by output channels */
+#define CONV_PIXEL_MAJOR_FILTER_BYTES (1 << 20)
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CONV_GEMM 1
@@ -25,7 +32,8 @@ struct conv_job {
     const float *x, *w, *bias, *zero;
     const int64_t *offsets;
     float *out;
-    Py_ssize_t m, taps, c, n, mr, nr, tiles_per_item, row_items;
+    Py_ssize_t m, taps, c, n, mr, nr, tiles_per_item, row_items, panels;
+    int pixel_major;
     float lo, hi;
 };
 
@@ -146,10 +154,19 @@ static void conv_tile(const struct conv_job *j, Py_ssize_t t, Py_ssize_t p) {
         conv_6x16(j, j->x, off, j->taps, j->c, t * 6, p);
 }
 
-/* item = (panel, block of pixel tiles), panel-major */
+/* item = (panel, block of pixel tiles): pixel-major (a thread's contiguous share of the items is a band of output
+   pixels, all channels, as in the previous and next convolutions) or panel-major (a share is a set of panels: each
+   thread streams only its part of a filter too big to stay in its cache) */
 static void conv_item(void *ctx, size_t index) {
     const struct conv_job *j = ctx;
-    Py_ssize_t p = (Py_ssize_t)index / j->row_items, block = (Py_ssize_t)index % j->row_items;
+    Py_ssize_t p, block;
+    if (j->pixel_major) {
+        block = (Py_ssize_t)index / j->panels;
+        p = (Py_ssize_t)index % j->panels;
+    } else {
+        p = (Py_ssize_t)index / j->row_items;
+        block = (Py_ssize_t)index % j->row_items;
+    }
     Py_ssize_t tiles = (j->m + j->mr - 1) / j->mr, t0 = block * j->tiles_per_item;
     Py_ssize_t t1 = t0 + j->tiles_per_item < tiles ? t0 + j->tiles_per_item : tiles;
     for (Py_ssize_t t = t0; t < t1; t++)
@@ -236,16 +253,18 @@ PyObject *conv_packed(PyObject *Py_UNUSED(module), PyObject *args) {
             goto fail;
         }
     }
-    struct conv_job j = {x.buf, w.buf, b.buf, zero.buf, offsets, out.buf, m, taps, c, n, mr, nr, tiles, 1,
-                         (float)lo, (float)hi};
+    struct conv_job j = {x.buf, w.buf, b.buf, zero.buf, offsets, out.buf, m, taps, c, n, mr, nr, tiles, 1, panels,
+                         0, (float)lo, (float)hi};
     size_t items = (size_t)panels;
     if (pool && threads > 1) {
-        /* ~4 items per thread, each whole panels x a block of pixel tiles */
-        Py_ssize_t want = 4 * threads, blocks = (want + panels - 1) / panels;
+        /* ~CONV_ITEMS_PER_THREAD items per thread, each one panel x a block of pixel tiles: small enough that a
+           thread that starts late (or is preempted) leaves little for the others to wait for */
+        Py_ssize_t want = CONV_ITEMS_PER_THREAD * threads, blocks = (want + panels - 1) / panels;
         blocks = blocks < tiles ? blocks : tiles;
         j.tiles_per_item = (tiles + blocks - 1) / blocks;
         j.row_items = (tiles + j.tiles_per_item - 1) / j.tiles_per_item;
         items = (size_t)(panels * j.row_items);
+        j.pixel_major = panels * taps * c * nr * (Py_ssize_t)sizeof(float) <= CONV_PIXEL_MAJOR_FILTER_BYTES;
     }
     Py_BEGIN_ALLOW_THREADS
     if (pool && threads > 1 && items > 1)

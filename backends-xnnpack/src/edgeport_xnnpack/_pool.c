@@ -8,9 +8,11 @@
  * exported to the global symbol scope: other libraries in the process (torch's own pthreadpool) are untouched.
  *
  * Policy, aimed at a CPU that other processes share:
- *  - the caller always works: items are handed out in small chunks from one atomic counter, so work that a
- *    worker has not started (it was never woken, or sits descheduled) is done by whoever is running; the caller
- *    waits only for workers that joined the job and still hold a chunk;
+ *  - the caller always works: each thread owns a contiguous share of the items (thread t the t-th of `threads`
+ *    equal ranges, the same share in every call, so consecutive operators find the rows they read in the cache of
+ *    the core that wrote them), takes them one at a time from its front, then steals one at a time from the back
+ *    of the others' shares; work that a worker has not started (it was never woken, or sits descheduled) is done
+ *    by whoever is running, and the caller waits only for workers that joined the job and still hold an item;
  *  - workers spin for a bounded time (POOL_SPIN_NS) after a job, then park on a futex; the caller wakes them only
  *    when some are parked (PTHREADPOOL_FLAG_YIELD_WORKERS: park at once);
  *  - contention: when the caller had to wait for a joined worker much longer than the chunks take (the worker was
@@ -29,6 +31,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,14 +70,21 @@ typedef struct {
     void *ctx;
     int ndim, ntiled;
     size_t range[6], tile[6], count[6];
-    size_t total, grain;
+    size_t total;
     uint32_t flags;
 } job_t;
+
+/* one thread's share of a job's items: its owner claims `start` upwards, thieves claim `end` downwards; `left`
+   (decremented by every claim, successful or not) keeps the two from overlapping */
+typedef struct {
+    _Atomic ptrdiff_t left;
+    _Atomic size_t end;
+    size_t start;
+} __attribute__((aligned(64))) share_t;
 
 struct pool {
     size_t threads; /* including the caller */
     job_t job;      /* written by the caller before it publishes a new generation */
-    _Atomic size_t next __attribute__((aligned(64)));
     /* gen << 32 | OPEN_BIT | joined workers: a worker joins only an open job of the generation it saw */
     _Atomic uint64_t state __attribute__((aligned(64)));
     _Atomic uint32_t wake_seq; /* futex: bumped with each generation */
@@ -83,6 +93,11 @@ struct pool {
     _Atomic int shutdown;
     pthread_mutex_t call_lock;
     int64_t solo_until, backoff;
+    /* policy (edgeport_pool_set_policy): a worker's spin after a job, the first solo period after a late wait
+       (0: never run solo) */
+    _Atomic int64_t spin_ns;
+    int64_t backoff_min_ns;
+    share_t *shares; /* [threads] */
     /* counters (edgeport_pool_stats) */
     _Atomic uint64_t n_calls, n_parallel, n_inline_busy, n_solo, n_late, n_joins;
     pid_t owner;
@@ -168,29 +183,43 @@ static void run_item(const job_t *p, size_t index) {
     }
 }
 
-/* Take chunks until none is left; returns the number of items run. */
-static size_t run_chunks(pool_t *p) {
+static inline int claim(share_t *r, int front, size_t *item) {
+    if (atomic_load_explicit(&r->left, memory_order_relaxed) <= 0) return 0;
+    if (atomic_fetch_sub_explicit(&r->left, 1, memory_order_relaxed) <= 0) return 0;
+    *item = front ? r->start++ : atomic_fetch_sub_explicit(&r->end, 1, memory_order_relaxed) - 1;
+    return 1;
+}
+
+/* Thread `tid`'s part of the job: its own share front to back, then the others' from their backs; returns the
+ * number of items run. */
+static size_t run_share(pool_t *p, size_t tid) {
     const job_t *job = &p->job;
-    size_t done = 0, total = job->total, grain = job->grain;
-    for (;;) {
-        size_t b = atomic_fetch_add_explicit(&p->next, grain, memory_order_relaxed);
-        if (b >= total) return done;
-        size_t e = b + grain < total ? b + grain : total;
-        for (size_t i = b; i < e; i++) run_item(job, i);
-        done += e - b;
+    size_t done = 0, item, n = p->threads;
+    while (claim(&p->shares[tid], 1, &item)) {
+        run_item(job, item);
+        done++;
     }
+    for (size_t k = 1; k < n; k++) {
+        share_t *r = &p->shares[(tid + k) % n];
+        while (claim(r, 0, &item)) {
+            run_item(job, item);
+            done++;
+        }
+    }
+    return done;
 }
 
 /* -- workers ------------------------------------------------------------------------------------------------ */
 static void *worker_main(void *arg) {
     pool_t *p = ((worker_t *)arg)->pool;
+    size_t tid = (size_t)((worker_t *)arg - p->workers);
     uint32_t seen = atomic_load(&p->wake_seq);
     int yield = 0;
     for (;;) {
         /* wait for a new generation: bounded spin (none after a yield-workers job), then park */
         uint32_t w = atomic_load_explicit(&p->wake_seq, memory_order_acquire);
         if (w == seen) {
-            int64_t until = yield ? 0 : now_ns() + POOL_SPIN_NS;
+            int64_t until = yield ? 0 : now_ns() + atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
             unsigned spins = 0;
             while ((w = atomic_load_explicit(&p->wake_seq, memory_order_acquire)) == seen) {
                 if (atomic_load_explicit(&p->shutdown, memory_order_relaxed)) return NULL;
@@ -224,7 +253,7 @@ static void *worker_main(void *arg) {
         atomic_fetch_add_explicit(&p->n_joins, 1, memory_order_relaxed);
         uint32_t flags = p->job.flags;
         fpu_state f = fpu_enter(flags);
-        run_chunks(p);
+        run_share(p, tid);
         fpu_leave(flags, f);
         yield = (flags & FLAG_YIELD_WORKERS) != 0;
         s = atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel) - 1;
@@ -277,9 +306,13 @@ static void parallelize(pool_t *p, void *fn, void *ctx, int ndim, int ntiled, co
         return;
     }
     atomic_fetch_add_explicit(&p->n_parallel, 1, memory_order_relaxed);
-    size_t grain = total / (p->threads * 8);
-    job->grain = grain ? grain : 1;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    for (size_t t = 0, n = p->threads; t < n; t++) {
+        size_t q = total / n, rem = total % n;
+        size_t b = t * q + (t < rem ? t : rem), e = b + q + (t < rem);
+        p->shares[t].start = b;
+        atomic_store_explicit(&p->shares[t].end, e, memory_order_relaxed);
+        atomic_store_explicit(&p->shares[t].left, (ptrdiff_t)(e - b), memory_order_relaxed);
+    }
     uint64_t gen = (atomic_load_explicit(&p->state, memory_order_relaxed) >> 32) + 1;
     /* publish: the generation (low 32 bits of it) is what workers wait on */
     atomic_store_explicit(&p->state, ((gen & 0xFFFFFFFFull) << 32) | OPEN_BIT, memory_order_release);
@@ -290,7 +323,7 @@ static void parallelize(pool_t *p, void *fn, void *ctx, int ndim, int ntiled, co
     }
     fpu_state f = fpu_enter(flags);
     int64_t w0 = now_ns();
-    size_t mine = run_chunks(p);
+    size_t mine = run_share(p, 0);
     int64_t w1 = now_ns();
     fpu_leave(flags, f);
     /* close the job to late joiners, then wait for the workers that joined */
@@ -310,16 +343,20 @@ static void parallelize(pool_t *p, void *fn, void *ctx, int ndim, int ntiled, co
         }
         waited = now_ns() - w1;
     }
-    /* contention: a wait far longer than the chunks take means a worker was preempted holding one */
-    int64_t per_chunk = mine ? (w1 - w0) / (int64_t)mine * (int64_t)job->grain : 0;
-    if (waited > LATE_NS + 4 * per_chunk) {
+    /* contention: a wait far longer than a sixteenth of the job (per thread) takes means a worker was preempted */
+    size_t part = total / (p->threads * 8);
+    int64_t per_part = mine ? (w1 - w0) / (int64_t)mine * (int64_t)(part ? part : 1) : 0;
+    if (waited > LATE_NS + 4 * per_part) {
         atomic_fetch_add_explicit(&p->n_late, 1, memory_order_relaxed);
-        p->backoff = p->backoff ? (p->backoff * 2 < BACKOFF_MAX_NS ? p->backoff * 2 : BACKOFF_MAX_NS) : BACKOFF_MIN_NS;
-        p->solo_until = now_ns() + p->backoff;
+        if (p->backoff_min_ns) {
+            p->backoff = p->backoff ? (p->backoff * 2 < BACKOFF_MAX_NS ? p->backoff * 2 : BACKOFF_MAX_NS)
+                                    : p->backoff_min_ns;
+            p->solo_until = now_ns() + p->backoff;
+        }
     } else if (p->solo_until) {
         p->solo_until = 0; /* a clean parallel call after a solo period: back to normal, remember half */
         p->backoff /= 2;
-        if (p->backoff < BACKOFF_MIN_NS) p->backoff = 0;
+        if (p->backoff < p->backoff_min_ns) p->backoff = 0;
     }
     pthread_mutex_unlock(&p->call_lock);
 }
@@ -335,6 +372,14 @@ EXPORT pool_t *pthreadpool_create(size_t threads) {
     if (!p) return NULL;
     p->threads = threads;
     p->owner = getpid();
+    p->spin_ns = POOL_SPIN_NS;
+    p->backoff_min_ns = BACKOFF_MIN_NS;
+    p->shares = aligned_alloc(64, sizeof(share_t) * threads);
+    if (!p->shares) {
+        free(p);
+        return NULL;
+    }
+    memset(p->shares, 0, sizeof(share_t) * threads);
     pthread_mutex_init(&p->call_lock, NULL);
     sigset_t all, old;
     sigfillset(&all);
@@ -356,6 +401,7 @@ EXPORT size_t pthreadpool_get_threads_count(pool_t *p) { return p ? p->threads :
 EXPORT void pthreadpool_destroy(pool_t *p) {
     if (!p) return;
     if (p->owner != getpid()) { /* a forked child: no workers, and the lock may be a copy held by a parent thread */
+        free(p->shares);
         free(p);
         return;
     }
@@ -366,6 +412,7 @@ EXPORT void pthreadpool_destroy(pool_t *p) {
     for (size_t i = 1; i < p->threads; i++) pthread_join(p->workers[i].thread, NULL);
     pthread_mutex_unlock(&p->call_lock);
     pthread_mutex_destroy(&p->call_lock);
+    free(p->shares);
     free(p);
 }
 
@@ -431,6 +478,21 @@ EXPORT void edgeport_pool_stats(pool_t *p, uint64_t out[6]) {
     out[3] = atomic_load(&p->n_solo);
     out[4] = atomic_load(&p->n_late);
     out[5] = atomic_load(&p->n_joins);
+}
+
+/* Set a pool's policy (edgeport_xnnpack.native.ThreadPool.set_policy): a worker's spin after a job before it parks
+ * (ns, 0..1e9) and the first solo period after a late wait (ns, 0: never go solo, else 1e6..1e9). Returns 0, or -1
+ * (nothing changed) for a value out of range. Takes the call lock: never changes a running call's parameters. */
+EXPORT int edgeport_pool_set_policy(pool_t *p, int64_t spin_ns, int64_t backoff_min_ns) {
+    if (!p || spin_ns < 0 || spin_ns > 1000000000LL || backoff_min_ns < 0 || backoff_min_ns > 1000000000LL
+            || (backoff_min_ns && backoff_min_ns < 1000000LL))
+        return -1;
+    pthread_mutex_lock(&p->call_lock);
+    atomic_store(&p->spin_ns, spin_ns);
+    p->backoff_min_ns = backoff_min_ns;
+    if (!backoff_min_ns) p->solo_until = p->backoff = 0;
+    pthread_mutex_unlock(&p->call_lock);
+    return 0;
 }
 
 static const struct {

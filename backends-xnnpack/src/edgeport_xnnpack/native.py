@@ -318,6 +318,17 @@ class ThreadPool:
         self.lib.pool.edgeport_pool_stats(self.handle, out)
         return dict(zip(("calls", "parallel", "inline_busy", "solo", "late", "joins"), out, strict=True))
 
+    def set_policy(self, spin_us: float, backoff_ms: float) -> bool:
+        """Set edgeport's pool's policy: a worker's spin after a job before it parks (us) and the first solo
+        period after a wait for a preempted worker (ms; 0: never run solo). ``False`` (nothing changed) for the
+        system pool or a 1-thread one; ``XnnpackError`` for values out of range (spin 0..1e6 us, back-off 0 or
+        1..1000 ms)."""
+        if not (self.handle and self.lib.own_pool and hasattr(self.lib.pool, "edgeport_pool_set_policy")):
+            return False
+        if self.lib.pool.edgeport_pool_set_policy(self.handle, int(spin_us * 1e3), int(backoff_ms * 1e6)) != 0:
+            raise XnnpackError(f"bad pool policy: spin {spin_us} us, back-off {backoff_ms} ms")
+        return True
+
     def close(self) -> None:
         if self.handle:
             self.lib.pool.pthreadpool_destroy(self.handle)
