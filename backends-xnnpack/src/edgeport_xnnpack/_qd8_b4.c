@@ -147,9 +147,10 @@ __attribute__((target("avx2"))) static void block_avx2(const struct b4job *j, pt
 }
 
 /* -- AVX-512 VNNI: 16 columns per vector, NB blocks x NR rows per pass --------------------------------------------
- * The nibbles are unpacked once for the NR rows: the low ones as they are, the high ones as 16 * nibble (v & 0xF0,
- * one operation) into a second accumulator that is shifted back (exact) at the end of the group, which also gives
- * two independent dependency chains per tile; a one-row pass takes NB = 4 blocks at once for more chains. */
+ * The nibbles are unpacked once for the NR rows. One row (decode): the high nibbles as 16 * nibble (v & 0xF0, one
+ * operation) into a second accumulator shifted back (exact) at the end of the group, which also gives two
+ * dependency chains per block, and NB = 4 blocks at once for more chains; several rows: the rows are the chains,
+ * the high nibbles shifted down once for all of them, one accumulator per row. */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
 static inline __attribute__((always_inline)) VNNI void tile_vnni(const struct b4job *j, ptrdiff_t b, ptrdiff_t r,
@@ -170,7 +171,7 @@ static inline __attribute__((always_inline)) VNNI void tile_vnni(const struct b4
             for (int t = 0; t < NR; t++) {
                 acc[u][t] = _mm512_dpwssd_epi32(_mm512_set1_epi32(j->kc[(r + t) * groups + g]), nsv,
                                                 _mm512_set1_epi32(j->nzp[r + t]));
-                a16[u][t] = _mm512_setzero_si512();
+                a16[u][t] = _mm512_setzero_si512();  /* one row only */
             }
         }
         for (ptrdiff_t ch = 0; ch < chunks; ch++) {
@@ -178,18 +179,22 @@ static inline __attribute__((always_inline)) VNNI void tile_vnni(const struct b4
             for (int u = 0; u < NB; u++) {
                 _mm_prefetch((const char *)(blk + u * bb + off + 1024), _MM_HINT_T0);
                 __m512i v = _mm512_loadu_si512((const void *)(blk + u * bb + off));
-                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(v, mf0);
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = NR == 1 ? _mm512_and_si512(v, mf0) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 for (int t = 0; t < NR; t++) {
                     const int8_t *q = j->q + (r + t) * j->k + off / 8;
                     acc[u][t] = _mm512_dpbusd_epi32(acc[u][t], lo, _mm512_set1_epi32(load4(q)));
-                    a16[u][t] = _mm512_dpbusd_epi32(a16[u][t], hi, _mm512_set1_epi32(load4(q + 4)));
+                    if (NR == 1)
+                        a16[u][t] = _mm512_dpbusd_epi32(a16[u][t], hi, _mm512_set1_epi32(load4(q + 4)));
+                    else
+                        acc[u][t] = _mm512_dpbusd_epi32(acc[u][t], hi, _mm512_set1_epi32(load4(q + 4)));
                 }
             }
         }
         for (int u = 0; u < NB; u++) {
             __m512 s = _mm512_loadu_ps((const float *)(const void *)(blk + u * bb + scoff) + g * B4_COLS);
             for (int t = 0; t < NR; t++) {
-                __m512i sum = _mm512_add_epi32(acc[u][t], _mm512_srai_epi32(a16[u][t], 4));
+                __m512i sum = NR == 1 ? _mm512_add_epi32(acc[u][t], _mm512_srai_epi32(a16[u][t], 4)) : acc[u][t];
                 facc[u][t] = _mm512_add_ps(facc[u][t], _mm512_mul_ps(_mm512_cvtepi32_ps(sum), s));
             }
         }
