@@ -5,6 +5,12 @@
  * with erf from Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) and exp(-u^2) from a range reduction to
  * [-ln2/2, ln2/2] and its Taylor series to degree 7 (truncation error < 1e-8 relative), an AVX2/FMA loop of
  * intrinsics where the CPU has both (8 floats per step), else a loop the compiler vectorizes for the baseline ISA.
+ * transpose_scale(src, out, batch, rows, cols[, scale]): out[b, c, r] = src[b, r, c] * scale (the key cache's
+ *   transpose times the attention scale) or a plain transposing copy, in 16 x 16 tiles; numpy's strided copy
+ *   of the transposed view is several times slower.
+ * copy_runs(arrays, n_src, table, itemsize): the data movement of a host segment of reshapes, transposes, slices
+ *   and concatenations as one call: rows of strided runs planned once (edgeport_xnnpack._copies), checked
+ *   against the buffers on every call.
  * Arguments are checked before any pointer is touched; the loop runs without the GIL, on the delegate's pthreadpool
  * in chunks of 8192 floats when the caller passes it.
  */
@@ -180,10 +186,199 @@ static PyObject *gelu(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+#define TILE 16  /* a 16 x 16 float tile: 1 KiB read, 1 KiB written, both in L1 */
+
+/* out[b, c, r] = src[b, r, c] * scale (or a plain copy when !scaled): one IEEE single multiply per element, the
+ * same operation numpy's multiply does, so the result is bit-identical to multiplying the transposed view. */
+static void transpose_scale_f32(const float *src, float *out, Py_ssize_t batch, Py_ssize_t rows, Py_ssize_t cols,
+                                float scale, int scaled) {
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        const float *s = src + b * rows * cols;
+        float *o = out + b * rows * cols;
+        for (Py_ssize_t r0 = 0; r0 < rows; r0 += TILE) {
+            Py_ssize_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+            for (Py_ssize_t c0 = 0; c0 < cols; c0 += TILE) {
+                Py_ssize_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
+                if (scaled) {
+                    for (Py_ssize_t c = c0; c < c1; c++)
+                        for (Py_ssize_t r = r0; r < r1; r++)
+                            o[c * rows + r] = s[r * cols + c] * scale;
+                } else {
+                    for (Py_ssize_t c = c0; c < c1; c++)
+                        for (Py_ssize_t r = r0; r < r1; r++)
+                            o[c * rows + r] = s[r * cols + c];
+                }
+            }
+        }
+    }
+}
+
+static PyObject *transpose_scale(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *src, *dst, *scale_obj = Py_None;
+    Py_ssize_t batch, rows, cols;
+    if (!PyArg_ParseTuple(args, "OOnnn|O:transpose_scale", &src, &dst, &batch, &rows, &cols, &scale_obj))
+        return NULL;
+    float scale = 1.0f;
+    int scaled = scale_obj != Py_None;
+    if (scaled) {
+        double v = PyFloat_AsDouble(scale_obj);
+        if (v == -1.0 && PyErr_Occurred())
+            return NULL;
+        scale = (float)v;  /* the caller passes a float32 value: exact */
+    }
+    if (batch < 0 || rows < 0 || cols < 0 || (rows && cols && batch > PY_SSIZE_T_MAX / 4 / rows / cols)) {
+        PyErr_Format(PyExc_ValueError, "transpose_scale: bad sizes %zd x %zd x %zd", batch, rows, cols);
+        return NULL;
+    }
+    Py_buffer in, out;
+    if (float_buffer(src, &in, 0, "transpose_scale's input") != 0)
+        return NULL;
+    if (float_buffer(dst, &out, 1, "transpose_scale's output") != 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    Py_ssize_t n = batch * rows * cols;
+    if (in.len != n * 4 || out.len != n * 4) {
+        PyErr_Format(PyExc_ValueError, "transpose_scale: %zd x %zd x %zd floats, got %zd and %zd bytes", batch,
+                     rows, cols, in.len, out.len);
+        PyBuffer_Release(&in);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if ((const char *)in.buf < (const char *)out.buf + out.len && (const char *)out.buf < (const char *)in.buf + in.len) {
+        PyBuffer_Release(&in);  /* the caller falls back to numpy, which copies through a temporary */
+        PyBuffer_Release(&out);
+        Py_RETURN_FALSE;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    transpose_scale_f32((const float *)in.buf, (float *)out.buf, batch, rows, cols, scale, scaled);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in);
+    PyBuffer_Release(&out);
+    Py_RETURN_TRUE;
+}
+
+#define COPY_MAX_SLOTS 64
+#define COPY_ROW 7 /* src slot, dst slot, src offset, dst offset, count, len, src step (elements) */
+
+/* A host segment that only moves data (reshapes, transposes, slices, concatenations): each row copies ``count``
+ * runs of ``len`` elements, run c from src[src_off + c * src_step] to dst[dst_off + c * len]. */
+static void copy_rows(char *const *base, const int64_t *t, Py_ssize_t rows, Py_ssize_t isz) {
+    for (Py_ssize_t r = 0; r < rows; r++, t += COPY_ROW) {
+        const char *s = base[t[0]] + t[2] * isz;
+        char *d = base[t[1]] + t[3] * isz;
+        int64_t count = t[4], len = t[5], step = t[6] * isz;
+        size_t bytes = (size_t)(len * isz);
+        if (len == 1 && isz == 4) {
+            for (int64_t k = 0; k < count; k++, s += step, d += 4)
+                memcpy(d, s, 4);
+        } else {
+            for (int64_t k = 0; k < count; k++, s += step, d += bytes)
+                memcpy(d, s, bytes);
+        }
+    }
+}
+
+static PyObject *copy_runs(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *arrays, *table_obj;
+    Py_ssize_t n_src, isz;
+    if (!PyArg_ParseTuple(args, "OnOn:copy_runs", &arrays, &n_src, &table_obj, &isz))
+        return NULL;
+    PyObject *seq = PySequence_Fast(arrays, "copy_runs: arrays must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > COPY_MAX_SLOTS || n_src < 0 || n_src > n || (isz != 1 && isz != 2 && isz != 4 && isz != 8)) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "copy_runs: %zd arrays (%zd sources), item size %zd", n, n_src, isz);
+        return NULL;
+    }
+    Py_buffer table;
+    if (PyObject_GetBuffer(table_obj, &table, PyBUF_C_CONTIGUOUS) != 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_buffer views[COPY_MAX_SLOTS];
+    char *base[COPY_MAX_SLOTS];
+    Py_ssize_t got = 0, rows = table.len / (Py_ssize_t)(COPY_ROW * sizeof(int64_t)), total = 0;
+    const int64_t *t = table.buf;
+    PyObject *result = NULL;
+    if (table.len % (Py_ssize_t)(COPY_ROW * sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_runs: the table is not rows of 7 int64");
+        goto done;
+    }
+    for (; got < n; got++) {
+        int flags = PyBUF_C_CONTIGUOUS | (got >= n_src ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], flags) != 0) {
+            PyErr_Clear(); /* not a C-contiguous (writable) buffer: declined, numpy handles or explains it */
+            result = Py_False;
+            Py_INCREF(result);
+            goto done;
+        }
+        if (views[got].itemsize != isz) {
+            got++;
+            result = Py_False;
+            Py_INCREF(result);
+            goto done;
+        }
+        base[got] = views[got].buf;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) { /* every run inside its buffers, or nothing is copied */
+        const int64_t *w = t + r * COPY_ROW;
+        if (w[0] < 0 || w[0] >= n_src || w[1] < n_src || w[1] >= n || w[4] < 1 || w[5] < 1 || w[2] < 0 ||
+            w[3] < 0 || w[2] > PY_SSIZE_T_MAX / 4 || w[3] > PY_SSIZE_T_MAX / 4 || w[4] > PY_SSIZE_T_MAX / 8 / w[5] ||
+            w[6] > PY_SSIZE_T_MAX / 8 / w[4] || w[6] < -(PY_SSIZE_T_MAX / 8 / w[4])) {
+            PyErr_Format(PyExc_ValueError, "copy_runs: bad row %zd", r);
+            goto done;
+        }
+        int64_t s_last = w[2] + (w[4] - 1) * w[6], s_lo = w[2] < s_last ? w[2] : s_last;
+        int64_t s_hi = (w[2] > s_last ? w[2] : s_last) + w[5];
+        int64_t d_hi = w[3] + w[4] * w[5];
+        if (total < PY_SSIZE_T_MAX / 16)
+            total += w[4] * w[5]; /* elements copied (saturating: only compared with a small threshold) */
+        if (s_lo < 0 || s_hi > views[w[0]].len / isz || d_hi > views[w[1]].len / isz) {
+            result = Py_False; /* arrays smaller than planned: declined */
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = n_src; i < n; i++) /* a destination sharing memory with any other array: numpy does it */
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (j != i && base[i] < base[j] + views[j].len && base[j] < base[i] + views[i].len) {
+                result = Py_False;
+                Py_INCREF(result);
+                goto done;
+            }
+    if (total * isz < (1 << 16)) { /* a few microseconds at most: not worth releasing the GIL */
+        copy_rows(base, t, rows, isz);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        copy_rows(base, t, rows, isz);
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_True;
+    Py_INCREF(result);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyBuffer_Release(&table);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gelu", gelu, METH_VARARGS,
      "gelu(x, out[, parallelize, pool]): exact GELU of a float32 buffer into out (same length), in chunks on a "
      "pthreadpool when given one (parallelize: the address of its pthreadpool_parallelize_1d)."},
+    {"transpose_scale", transpose_scale, METH_VARARGS,
+     "transpose_scale(src, out, batch, rows, cols[, scale]): out[b, c, r] = src[b, r, c] (* scale, a float32 "
+     "value), C-contiguous float32 buffers of batch * rows * cols floats; False (nothing written) when they "
+     "overlap, else True."},
+    {"copy_runs", copy_runs, METH_VARARGS,
+     "copy_runs(arrays, n_src, table, itemsize): the copies of a data-moving host segment; arrays: its sources "
+     "(the first n_src) then destinations, C-contiguous; table: int64 rows (src, dst, src_off, dst_off, count, "
+     "len, src_step) in elements; False (nothing copied) when an array is not such a buffer of the item size, is "
+     "smaller than the table needs, or a destination shares memory with another array."},
     {NULL, NULL, 0, NULL},
 };
 

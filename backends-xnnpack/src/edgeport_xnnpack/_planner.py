@@ -202,6 +202,7 @@ class Planner:
                 steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
                 named = self.event_ids.get(id(group[0])) if len(group) == 1 else None
                 steps[-1].event_id = named[1] if named is not None and named[0] is group[0] else ""
+            steps = _alias_reshapes(steps, buffers, self.dims)
             for step in steps:  # the executor's own buffers are checked once, here
                 if isinstance(step, NativeStep):
                     step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
@@ -293,6 +294,21 @@ class Planner:
             return sg.define_quantized_tensor(v.datatype, q.zero_point, q.scale, dims, data, ext, flags)
         return sg.define_channelwise_quantized_tensor(v.datatype, np.asarray(q.scale), dims, q.channel_dim, data,
                                                       ext, flags)
+
+
+def _alias_reshapes(steps: list, buffers: dict[int, np.ndarray], dims: dict[int, tuple[int, ...]]) -> list:
+    """Drop host steps that only reshape one of the executor's buffers into another: the second becomes a view
+    of the first (same bytes, same padding), so nothing is copied per call. Values are written once, so the
+    view never sees a later write it would not have seen as a copy."""
+    kept = []
+    for step in steps:
+        if isinstance(step, HostStep) and step.segment.reshape_only:
+            (reads, writes) = step.segment.io
+            if len(reads) == 1 and len(writes) == 1 and reads[0] in buffers and writes[0] in buffers:
+                buffers[writes[0]] = buffers[reads[0]].reshape(dims[writes[0]])
+                continue
+        kept.append(step)
+    return kept
 
 
 def _weights(n: XNode) -> tuple[int, ...]:

@@ -176,7 +176,13 @@ class XnnpackExecutor(RuntimeExecutor):
         tracer = handle.tracer
         if tracer is not None:
             direct = None  # step by step, timing each step
-        if direct is not None and type(out) is list:
+        full = type(out) is list  # out holds no None entry (the direct call would refuse it)
+        if full:
+            for a in out:  # type: ignore[union-attr]
+                if a is None:
+                    full = False
+                    break
+        if direct is not None and full:
             with self._lock:
                 if not handle.alive:  # destroyed meanwhile (destroy takes this lock)
                     raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
@@ -186,7 +192,7 @@ class XnnpackExecutor(RuntimeExecutor):
                 except (ValueError, native.XnnpackError):
                     pass  # the general path below converts what it can, specializes, or raises the precise error
         if tracer is None and (out is None or type(out) is list):
-            tried = direct is not None and type(out) is list and all(a is not None for a in out)  # just refused
+            tried = direct is not None and full  # just refused
             results = self._known_shapes(handle, inputs, out, skip_declared=tried)
             if results is not None:
                 return results
