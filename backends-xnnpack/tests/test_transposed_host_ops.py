@@ -99,13 +99,13 @@ def test_host_multiply_of_a_transposed_view_is_numpy_s(monkeypatch, scalar_first
 def test_host_transpose_materialized_is_numpy_s():
     node = XNode("XNNStaticTranspose", {"num_dims": 3, "perm": [0, 2, 1], "input_id": 1, "output_id": 2,
                                         "flags": 0})
-    op = _host.make_host_op(node, [(3, 40, 24)], (3, 24, 40))
-    x = _awkward((3, 40, 24), np.random.default_rng(2))
-    out = np.empty((3, 24, 40), np.float32)
+    op = _host.make_host_op(node, [(3, 64, 40)], (3, 40, 64))
+    x = _awkward((3, 64, 40), np.random.default_rng(2))
+    out = np.empty((3, 40, 64), np.float32)
     op.into([x], out)
     np.testing.assert_array_equal(_bits(out), _bits(x.transpose(0, 2, 1)))
-    xi = np.arange(3 * 40 * 24, dtype=np.int8).reshape(3, 40, 24)  # int8 (an int8 transpose): numpy's copy
-    outi = np.empty((3, 24, 40), np.int8)
+    xi = np.arange(3 * 64 * 40, dtype=np.int8).reshape(3, 64, 40)  # int8 (an int8 transpose): numpy's copy
+    outi = np.empty((3, 40, 64), np.int8)
     op.into([xi], outi)
     np.testing.assert_array_equal(outi, xi.transpose(0, 2, 1))
 

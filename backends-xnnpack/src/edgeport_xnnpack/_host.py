@@ -245,11 +245,12 @@ def _binary(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
 
 def _transposed_into(a: np.ndarray, scale: np.ndarray | None, out: np.ndarray) -> bool:
     """``out[...] = a (* scale)`` on the C kernel when ``a`` is the last-two-axes transpose of a C-contiguous
-    float32 array (a transposed key cache times the attention scale): numpy's strided copy is 3-6x slower there.
+    float32 array of 4096 elements or more (a transposed key cache times the attention scale): numpy's strided
+    copy takes ~2x the kernel's time there (64k floats), below that the call's fixed cost eats the gain.
     One IEEE single multiply per element either way, so the bits are numpy's. ``False``: nothing done (any other
     layout, dtype or size; ``a`` and ``out`` overlap; no kernel)."""
-    if a.flags.c_contiguous or a.ndim < 2 or a.dtype != np.float32 or out.dtype != np.float32 or \
-            a.size != out.size or a.size < 256 or not out.flags.c_contiguous:
+    if a.size < 4096 or a.ndim < 2 or a.flags.c_contiguous or a.dtype != np.float32 or out.dtype != np.float32 or \
+            a.size != out.size or not out.flags.c_contiguous:  # the cheapest refusals first
         return False
     transpose = getattr(_kernels, "transpose_scale", None)
     if transpose is None:
