@@ -41,8 +41,6 @@ ISA_ENV = "EDGEPORT_XNNPACK_CONV_ISA"
 # module docstring) when a kernel row holds at least MIN_CHANNELS floats, else it stays in XNNPACK (MobileNetV2's
 # 3x3 stem over 3 channels: rows of 9)
 MIN_CHANNELS = 16
-# 1x1 convolutions stay in XNNPACK (see conv_dims); True runs them on the kernel too (a diagnostic for benches)
-HOST_1X1 = False
 _SHAPE = {2: (7, 32), 1: (6, 16)}  # kernel level -> (pixels, channels) of one micro-kernel call
 
 
@@ -78,7 +76,7 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
     if len(ins) == 3 and dims[ins[2]] != (cols,):
         return None
     batch, _, _, c, kh, kw = geometry[:6]
-    if (kh * kw == 1 and not HOST_1X1) or kw * c < MIN_CHANNELS:
+    if kh * kw == 1 or kw * c < MIN_CHANNELS:
         return None  # 1x1: a plain GEMM the 2022 library runs well enough that a step boundary does not pay
     return batch * geometry[10] * geometry[11], kh * kw * c, cols
 
