@@ -2,7 +2,7 @@
 rewrites of kernel calls buy, side by side in one process.
 
 For each scheme (fp32, 8da4w), the ``medium`` Llama-style decoder of ``bench/llm.py`` is exported once with
-edgeport (``--pte-dir`` keeps / reuses the ``.pte`` files). Then:
+edgeport (``--pte-dir`` keeps / reuses the ``.pte`` files, one per commit). Then:
 
 * **A/B, interleaved**: the same program loaded twice, with the runtime's rewrites (common calls reused,
   ``runtime._cse``; the masked-row guard fused, ``runtime._fuse``; the one-position ``index_put_`` slice) and
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import os
 import statistics
 import sys
@@ -33,14 +32,25 @@ sys.path.insert(0, str(BENCH_DIR))
 from xnnpack_bench.machine import cpu_model  # noqa: E402
 
 
+def _commit() -> str:
+    """The checkout's commit: cached programs are per commit, so a lowering change never reuses a stale one."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "nogit"
+
+
 def build(scheme: str, pte_dir: Path) -> Path:
-    path = pte_dir / f"medium-{scheme}-edgeport.pte"
+    path = pte_dir / f"medium-{scheme}-edgeport-{_commit()}.pte"
     if not path.exists():
         from edgeport.llm import export_decoder
         from edgeport.testing.decoders import DECODERS
 
         model = DECODERS["llama"](seed=0, size="medium")
-        lowered = export_decoder(copy.deepcopy(model), max_seq_len=32, max_context_len=128,
+        lowered = export_decoder(model, max_seq_len=32, max_context_len=128,
                                  quantize=None if scheme == "fp32" else scheme)
         path.write_bytes(lowered.manager.buffer)
     return path
