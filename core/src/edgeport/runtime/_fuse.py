@@ -22,7 +22,7 @@ import numpy as np
 from edgeport.program import schema as S
 from edgeport.runtime._instructions import InstructionAnalysis, KernelCallInfo
 from edgeport.runtime._values import MethodValues
-from edgeport.runtime.kernel_utils import normalize_dim, resize
+from edgeport.runtime.kernel_utils import broadcast_shape, normalize_dim, resize
 from edgeport.runtime.portable import LIBRARY
 
 __all__ = ["FILL", "masked_row_guards"]
@@ -35,7 +35,6 @@ _GUARD = ("aten::eq.Scalar_out", "aten::logical_not.out", "aten::any.out", "aten
 
 def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
               where: Callable[..., Any]) -> Callable[..., Any]:
-    shapes: dict[tuple, tuple[int, ...]] = {}  # broadcast shape of (d, the other branch)
 
     def masked_row_guard(x, v, p, q, out):
         if x.ndim:  # all(x == s) along dim: one comparison and one reduction (the same as not any(x != s))
@@ -49,12 +48,7 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
                 p, q = (z if p is None else p), (z if q is None else q)
             else:  # the fill is never taken: the other branch everywhere, what where(d, y, y) writes
                 y = q if p is None else p
-                key = (d.shape, np.shape(y))
-                shape = shapes.get(key)
-                if shape is None:
-                    shape = np.broadcast_shapes(*key)
-                    if len(shapes) < 64:
-                        shapes[key] = shape
+                shape = broadcast_shape(d.shape, np.shape(y))
                 if shape != out.shape:
                     out = resize(out, shape)
                 np.copyto(out, y, casting="unsafe")

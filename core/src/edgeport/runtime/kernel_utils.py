@@ -30,13 +30,20 @@ Ops that return a value instead of writing an out tensor (``executorch_prim::add
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from math import prod
 
 import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
 
-__all__ = ["resize", "store", "normalize_dim", "normalize_dims", "check_fits"]
+__all__ = ["resize", "store", "normalize_dim", "normalize_dims", "check_fits", "broadcast_shape"]
+
+
+@lru_cache(maxsize=1024)
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """``np.broadcast_shapes(*shapes)``, cached (a program's shapes repeat every run; bounded)."""
+    return np.broadcast_shapes(*shapes)
 
 
 def resize(out: np.ndarray, shape: Sequence[int]) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from edgeport.program.schema import numpy_dtype
-from edgeport.runtime.kernel_utils import normalize_dim, normalize_dims, resize, store
+from edgeport.runtime.kernel_utils import broadcast_shape, normalize_dim, normalize_dims, resize, store
 
 __all__ = ["KERNELS", "kernel", "ew", "ew_unary", "dtype_arg", "store", "resize", "normalize_dim",
            "normalize_dims", "np_float"]
@@ -17,9 +17,6 @@ __all__ = ["KERNELS", "kernel", "ew", "ew_unary", "dtype_arg", "store", "resize"
 KERNELS: dict[str, Callable[..., Any]] = {}
 
 _nd = np.ndarray
-
-#: broadcast shape of (shape a, shape b) seen by :func:`ew` (bounded; the shapes of a program repeat every run)
-_EW_SHAPES: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
 
 
 def kernel(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -43,12 +40,7 @@ def ew(uf: np.ufunc, out: np.ndarray, a: Any, b: Any) -> np.ndarray:
         if a.__class__ is _nd or b.__class__ is _nd:
             uf(a, b, out=out, casting="unsafe")
             return out
-    key = (np.shape(a), np.shape(b))
-    res_shape = _EW_SHAPES.get(key)
-    if res_shape is None:
-        res_shape = np.broadcast_shapes(*key)
-        if len(_EW_SHAPES) < 512:
-            _EW_SHAPES[key] = res_shape
+    res_shape = broadcast_shape(np.shape(a), np.shape(b))
     if res_shape != shape:
         out = resize(out, res_shape)
     uf(a, b, out=out, casting="unsafe")

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
+from edgeport.runtime.kernel_utils import broadcast_shape
 from edgeport.runtime.portable._common import ew, ew_unary, kernel, resize, store
 
 _nd = np.ndarray
@@ -434,18 +435,12 @@ for _name, _uf in {"logical_and": np.logical_and, "logical_or": np.logical_or, "
     kernel(*names)(_binary(_uf, _name))
 
 
-_WHERE_SHAPES: dict[tuple, tuple[int, ...]] = {}  # broadcast shape of (condition, self, other) shapes
 
 
 @kernel("aten::where.self_out")
 def where_out(condition, self, other, out):
-    key = (condition.shape, self.shape if self.__class__ is _nd else np.shape(self),
-           other.shape if other.__class__ is _nd else np.shape(other))
-    shape = _WHERE_SHAPES.get(key)
-    if shape is None:
-        shape = np.broadcast_shapes(*key)
-        if len(_WHERE_SHAPES) < 256:
-            _WHERE_SHAPES[key] = shape
+    shape = broadcast_shape(condition.shape, self.shape if self.__class__ is _nd else np.shape(self),
+                            other.shape if other.__class__ is _nd else np.shape(other))
     if shape != out.shape:
         out = resize(out, shape)
     # a condition that is the same everywhere (e.g. no fully masked attention row) needs one plain copy
