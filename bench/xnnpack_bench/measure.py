@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .busy import SystemPoolContender
+from .busy import ChildContender
 from .candidates import load_with_shared_pool
 from .machine import CpuMeter, git_state, loadavg, wait_quiet
 from .models import build_model, lower_edgeport, lower_executorch
@@ -82,10 +82,13 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         from edgeport_xnnpack import native
 
         if native.pool_status()[0] == "edgeport":  # edgeport as it was: the same .pte on Debian's pthreadpool
-            system = SystemPoolContender(ep_pte, x_np)
+            system = ChildContender(ep_pte, x_np, {"EDGEPORT_XNNPACK_POOL": "system"})
             res["err_system"] = rel_err(system.out, ref)
             res["system_pool"] = list(system.status)
             fns["edgeport_system"] = system  # type: ignore[assignment]
+            nogauge = ChildContender(ep_pte, x_np, {"EDGEPORT_XNNPACK_LOAD_GAUGE": "off"})
+            res["err_nogauge"] = rel_err(nogauge.out, ref)
+            fns["edgeport_nogauge"] = nogauge  # type: ignore[assignment]
     shared = None
     if method is not None and res.get("pools_distinct", 0) > 1 and not args.no_candidates:
         shared, shared_pool = load_with_shared_pool(ep_pte)
@@ -99,6 +102,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     res["waited_s"] = wait_quiet(args.quiet_wait, args.quiet_cores) if args.quiet_wait else 0.0
     pool = next((d.handle.pool for d in delegates if getattr(d.handle, "pool", None)), None) if method else None
     stats0 = pool.stats() if pool is not None else None
+    load0 = pool.load_stats() if pool is not None and hasattr(pool, "load_stats") else None
     try:
         with CpuMeter() as cm:
             la0 = loadavg()
@@ -107,8 +111,11 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if system is not None:
             system.close()
+            nogauge.close()
     if stats0 is not None:
         res["pool_stats"] = {k: v - stats0[k] for k, v in pool.stats().items()}
+        res["load_stats"] = {k: (v - load0[k] if k in ("solo", "limited", "reads") else v)
+                             for k, v in (pool.load_stats() or {}).items()} if load0 else None
     res["loadavg"] = la0
     res["spin_ms"] = {k: spin_after(f) for k, f in fns.items() if not hasattr(f, "calls")}
     res["others_cores"] = cm.others

@@ -18,6 +18,11 @@
  *  - contention: when the caller had to wait for a joined worker much longer than the chunks take (the worker was
  *    preempted mid-chunk), the pool runs the next calls on the caller alone for a back-off period (20 ms, doubling
  *    up to 1.28 s while it keeps happening), then tries the workers again;
+ *  - load: at most every LOAD_PERIOD_NS a call reads the number of runnable threads of the machine (the 4th field
+ *    of /proc/loadavg), subtracts its own running ones (the caller and the workers not parked) and keeps a short
+ *    average of the others; the call then uses at most (online CPUs - others, rounded) threads: with one core of
+ *    two busy the pool runs on the caller alone instead of waiting for a worker that shares a core, and returns to
+ *    all threads when the other program stops (edgeport_pool_set_load_gauge: period, file, CPU count, for tests);
  *  - a parallelize call on a pool already running another call (another thread) or from inside a task runs on
  *    the calling thread instead of waiting; a single-item call always does.
  * Results do not depend on the split: every item is computed by one call of the task function.
@@ -26,6 +31,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -54,6 +60,8 @@
 #define LATE_NS 200000LL           /* a wait this much longer than the chunks take: a worker was preempted */
 #define BACKOFF_MIN_NS 20000000LL  /* solo period after the first late wait */
 #define BACKOFF_MAX_NS 1280000000LL
+#define LOAD_PERIOD_NS 10000000LL   /* how often a call re-reads the machine's runnable thread count */
+#define LOAD_PATH "/proc/loadavg"
 #define OPEN_BIT (1ull << 31)
 #define ACTIVE_MASK (OPEN_BIT - 1)
 #define MAX_THREADS 1024
@@ -98,6 +106,13 @@ struct pool {
     _Atomic int64_t spin_ns;
     int64_t backoff_min_ns;
     share_t *shares; /* [threads] */
+    /* load gauge (under call_lock): the file it reads (-1: off), when next, the CPUs it shares, the average number
+       of other runnable threads, the threads a call may use */
+    int load_fd, load_online;
+    int64_t load_period_ns, load_next_ns;
+    double load_others;
+    size_t load_limit;
+    _Atomic uint64_t n_load_solo, n_load_reads, n_load_limited;
     /* counters (edgeport_pool_stats) */
     _Atomic uint64_t n_calls, n_parallel, n_inline_busy, n_solo, n_late, n_joins;
     pid_t owner;
@@ -264,6 +279,42 @@ static void *worker_main(void *arg) {
     }
 }
 
+/* -- the load gauge ------------------------------------------------------------------------------------------- */
+/* The runnable thread count of the machine: the number before '/' in the 4th field of a loadavg line
+ * ("0.42 0.12 0.04 2/345 1234"); -1 when the file cannot be read or does not look like that. */
+static int read_runnable(int fd) {
+    char buf[160];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *s = buf;
+    for (int field = 0; field < 3; field++) {
+        s = strchr(s, ' ');
+        if (!s) return -1;
+        s++;
+    }
+    char *end;
+    long r = strtol(s, &end, 10);
+    if (end == s || *end != '/' || r < 0 || r > 1000000) return -1;
+    return (int)r;
+}
+
+/* Re-read the machine's load (at most once per period) and set how many threads the next calls may use. */
+static void gauge_update(pool_t *p, int64_t now) {
+    p->load_next_ns = now + p->load_period_ns;
+    int runnable = read_runnable(p->load_fd);
+    atomic_fetch_add_explicit(&p->n_load_reads, 1, memory_order_relaxed);
+    if (runnable < 0) return; /* unreadable this time: keep the last limit */
+    uint32_t parked = atomic_load_explicit(&p->parked, memory_order_relaxed);
+    double own = 1.0 + (double)(p->threads - 1) - (double)(parked < p->threads ? parked : p->threads - 1);
+    double others = (double)runnable - own;
+    if (others < 0) others = 0;
+    p->load_others = 0.5 * p->load_others + 0.5 * others; /* one stray sample does not take a thread away */
+    double room = (double)p->load_online - p->load_others + 0.5;
+    size_t limit = room < 1.0 ? 1 : (size_t)room;
+    p->load_limit = limit < p->threads ? limit : p->threads;
+}
+
 /* -- the caller's side ---------------------------------------------------------------------------------------- */
 static void run_inline(const job_t *job) {
     fpu_state f = fpu_enter(job->flags);
@@ -299,16 +350,22 @@ static void parallelize(pool_t *p, void *fn, void *ctx, int ndim, int ntiled, co
         return;
     }
     atomic_fetch_add_explicit(&p->n_calls, 1, memory_order_relaxed);
-    if (total <= 1 || (p->solo_until && now_ns() < p->solo_until)) {
-        if (total > 1) atomic_fetch_add_explicit(&p->n_solo, 1, memory_order_relaxed);
+    if (total > 1 && p->load_fd >= 0) {
+        int64_t now = now_ns();
+        if (now >= p->load_next_ns) gauge_update(p, now);
+    }
+    size_t use = p->load_fd >= 0 && p->load_limit < p->threads ? p->load_limit : p->threads;
+    if (total <= 1 || use <= 1 || (p->solo_until && now_ns() < p->solo_until)) {
+        if (total > 1) atomic_fetch_add_explicit(use <= 1 ? &p->n_load_solo : &p->n_solo, 1, memory_order_relaxed);
         run_inline(job);
         pthread_mutex_unlock(&p->call_lock);
         return;
     }
     atomic_fetch_add_explicit(&p->n_parallel, 1, memory_order_relaxed);
-    for (size_t t = 0, n = p->threads; t < n; t++) {
-        size_t q = total / n, rem = total % n;
-        size_t b = t * q + (t < rem ? t : rem), e = b + q + (t < rem);
+    if (use < p->threads) atomic_fetch_add_explicit(&p->n_load_limited, 1, memory_order_relaxed);
+    for (size_t t = 0, n = p->threads; t < n; t++) { /* the first `use` threads get equal shares, the rest none */
+        size_t q = total / use, rem = total % use;
+        size_t b = t < use ? t * q + (t < rem ? t : rem) : total, e = t < use ? b + q + (t < rem) : total;
         p->shares[t].start = b;
         atomic_store_explicit(&p->shares[t].end, e, memory_order_relaxed);
         atomic_store_explicit(&p->shares[t].left, (ptrdiff_t)(e - b), memory_order_relaxed);
@@ -318,7 +375,7 @@ static void parallelize(pool_t *p, void *fn, void *ctx, int ndim, int ntiled, co
     atomic_store_explicit(&p->state, ((gen & 0xFFFFFFFFull) << 32) | OPEN_BIT, memory_order_release);
     atomic_store(&p->wake_seq, (uint32_t)gen); /* seq_cst: pairs with the workers' parked count */
     if (atomic_load(&p->parked)) {
-        size_t want = total - 1 < p->threads - 1 ? total - 1 : p->threads - 1;
+        size_t want = total - 1 < use - 1 ? total - 1 : use - 1;
         futex_wake(&p->wake_seq, (int)want);
     }
     fpu_state f = fpu_enter(flags);
@@ -379,6 +436,10 @@ EXPORT pool_t *pthreadpool_create(size_t threads) {
         free(p);
         return NULL;
     }
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    p->load_online = online > 0 ? (int)online : 1;
+    p->load_fd = threads > 1 ? open(LOAD_PATH, O_RDONLY | O_CLOEXEC) : -1;
+    p->load_period_ns = LOAD_PERIOD_NS;
     memset(p->shares, 0, sizeof(share_t) * threads);
     pthread_mutex_init(&p->call_lock, NULL);
     sigset_t all, old;
@@ -393,6 +454,7 @@ EXPORT pool_t *pthreadpool_create(size_t threads) {
     if (started < threads) { /* could not start them all: run with those that did start */
         p->threads = started;
     }
+    p->load_limit = p->threads;
     return p;
 }
 
@@ -400,6 +462,7 @@ EXPORT size_t pthreadpool_get_threads_count(pool_t *p) { return p ? p->threads :
 
 EXPORT void pthreadpool_destroy(pool_t *p) {
     if (!p) return;
+    if (p->load_fd >= 0) close(p->load_fd);
     if (p->owner != getpid()) { /* a forked child: no workers, and the lock may be a copy held by a parent thread */
         free(p->shares);
         free(p);
@@ -493,6 +556,49 @@ EXPORT int edgeport_pool_set_policy(pool_t *p, int64_t spin_ns, int64_t backoff_
     if (!backoff_min_ns) p->solo_until = p->backoff = 0;
     pthread_mutex_unlock(&p->call_lock);
     return 0;
+}
+
+/* Set a pool's load gauge (edgeport_xnnpack.native.ThreadPool.set_load_gauge): re-read `path` (NULL:
+ * /proc/loadavg) at most every `period_ns` (0: off, the pool always offers all its threads; else 1e5..1e10), as
+ * sharing `online` CPUs with the machine (0: the online CPU count). Returns 0, or -1 (nothing changed) for a value
+ * out of range or a file that cannot be opened. Takes the call lock. */
+EXPORT int edgeport_pool_set_load_gauge(pool_t *p, int64_t period_ns, const char *path, int online) {
+    if (!p || period_ns < 0 || period_ns > 10000000000LL || (period_ns && period_ns < 100000LL) || online < 0
+            || online > 1000000)
+        return -1;
+    int fd = -1;
+    if (period_ns && p->threads > 1) {
+        fd = open(path ? path : LOAD_PATH, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return -1;
+    }
+    long sys_online = sysconf(_SC_NPROCESSORS_ONLN);
+    pthread_mutex_lock(&p->call_lock);
+    if (p->load_fd >= 0) close(p->load_fd);
+    p->load_fd = fd;
+    p->load_period_ns = period_ns;
+    p->load_next_ns = 0;
+    p->load_others = 0;
+    p->load_online = online ? online : (sys_online > 0 ? (int)sys_online : 1);
+    p->load_limit = p->threads;
+    pthread_mutex_unlock(&p->call_lock);
+    return 0;
+}
+
+/* The load gauge's counters and state: calls run on the caller alone because of the load, calls run on fewer
+ * threads than the pool has, reads of the load file, the threads the next call may use, and 1000 x the average
+ * number of other runnable threads. */
+EXPORT void edgeport_pool_load_stats(pool_t *p, uint64_t out[5]) {
+    if (!p) {
+        memset(out, 0, 5 * sizeof(uint64_t));
+        return;
+    }
+    pthread_mutex_lock(&p->call_lock);
+    out[0] = atomic_load(&p->n_load_solo);
+    out[1] = atomic_load(&p->n_load_limited);
+    out[2] = atomic_load(&p->n_load_reads);
+    out[3] = p->load_fd >= 0 ? p->load_limit : p->threads;
+    out[4] = (uint64_t)(p->load_others * 1000.0 + 0.5);
+    pthread_mutex_unlock(&p->call_lock);
 }
 
 static const struct {

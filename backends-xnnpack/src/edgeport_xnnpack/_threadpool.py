@@ -18,9 +18,11 @@ import ctypes
 import importlib.util
 import os
 
-__all__ = ["ENV", "MODE", "binding_problem", "open_own"]
+__all__ = ["ENV", "LOAD_ENV", "MODE", "binding_problem", "open_own"]
 
 ENV = "EDGEPORT_XNNPACK_POOL"
+#: ``off`` turns the pool's load gauge off (a diagnostic for benchmarks): every call may then use every thread
+LOAD_ENV = "EDGEPORT_XNNPACK_LOAD_GAUGE"
 #: how both libraries are opened: RTLD_NOW resolves libXNNPACK's references at load (its GOT can be checked),
 #: RTLD_LOCAL keeps edgeport's pthreadpool_* out of the global scope (torch has its own)
 MODE = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
@@ -53,6 +55,11 @@ def open_own() -> tuple[ctypes.CDLL | None, str]:
     if hasattr(lib, "edgeport_pool_set_policy"):  # absent from a build older than this module
         lib.edgeport_pool_set_policy.restype = ctypes.c_int
         lib.edgeport_pool_set_policy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+    if hasattr(lib, "edgeport_pool_set_load_gauge"):
+        lib.edgeport_pool_set_load_gauge.restype = ctypes.c_int
+        lib.edgeport_pool_set_load_gauge.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int)
+        lib.edgeport_pool_load_stats.restype = None
+        lib.edgeport_pool_load_stats.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64))
     return lib, ""
 
 

@@ -305,6 +305,8 @@ class ThreadPool:
             self.handle = self.lib.pool.pthreadpool_create(n)
             if not self.handle:
                 raise XnnpackError(f"pthreadpool_create({n}) failed")
+            if os.environ.get(_threadpool.LOAD_ENV, "").strip().lower() in ("0", "off"):
+                self.set_load_gauge(0)  # a diagnostic for benchmarks: always offer every thread
         self.num_threads = n
 
     def stats(self) -> dict[str, int] | None:
@@ -328,6 +330,29 @@ class ThreadPool:
         if self.lib.pool.edgeport_pool_set_policy(self.handle, int(spin_us * 1e3), int(backoff_ms * 1e6)) != 0:
             raise XnnpackError(f"bad pool policy: spin {spin_us} us, back-off {backoff_ms} ms")
         return True
+
+    def set_load_gauge(self, period_ms: float, path: str | None = None, online: int = 0) -> bool:
+        """Set edgeport's pool's load gauge: re-read the machine's runnable threads from ``path`` (default
+        ``/proc/loadavg``) at most every ``period_ms`` (0: off, every call may use every thread) and use only as many
+        threads as ``online`` CPUs (0: the machine's) leave free. ``False`` for the system pool or a 1-thread one;
+        ``XnnpackError`` for values out of range (0 or 0.1..10000 ms) or a file that cannot be opened."""
+        if not (self.handle and self.lib.own_pool and hasattr(self.lib.pool, "edgeport_pool_set_load_gauge")):
+            return False
+        raw = None if path is None else os.fsencode(path)
+        if self.lib.pool.edgeport_pool_set_load_gauge(self.handle, int(period_ms * 1e6), raw, int(online)) != 0:
+            raise XnnpackError(f"bad load gauge: period {period_ms} ms, file {path!r}, {online} CPUs")
+        return True
+
+    def load_stats(self) -> dict[str, float] | None:
+        """The load gauge's state (``None`` for the system pool or a 1-thread one): ``solo`` (calls run on the
+        caller alone because of the load), ``limited`` (calls run on fewer threads than the pool has), ``reads``
+        (of the load file), ``threads`` (what the next call may use), ``others`` (average runnable threads of
+        other programs)."""
+        if not (self.handle and self.lib.own_pool and hasattr(self.lib.pool, "edgeport_pool_load_stats")):
+            return None
+        out = (ctypes.c_uint64 * 5)()
+        self.lib.pool.edgeport_pool_load_stats(self.handle, out)
+        return {"solo": out[0], "limited": out[1], "reads": out[2], "threads": out[3], "others": out[4] / 1000}
 
     def close(self) -> None:
         if self.handle:

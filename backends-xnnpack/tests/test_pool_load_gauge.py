@@ -1,0 +1,173 @@
+"""The thread pool's load gauge: a pool reads the machine's runnable thread count (``/proc/loadavg``; a file the
+test writes here stands in for it) and uses only the threads the other programs leave free -- on the caller alone
+when they fill every other CPU, on every thread again when they stop. Every item still runs exactly once and
+XNNPACK's results are the same bits. No timing here (bench/xnnpack.py --busy-core measures the effect)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from ctypes import CFUNCTYPE, c_size_t, c_uint32, c_void_p
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_own_thread_pool import expected_calls, own, run_kind
+
+from edgeport_xnnpack import native
+
+pytestmark = pytest.mark.skipif(not native.is_available()[0], reason="libXNNPACK not installed")
+
+
+def loadavg(path: Path, runnable: int) -> None:
+    path.write_text(f"1.00 0.50 0.25 {runnable}/321 4242\n")
+
+
+def threads_of_calls(lib: native.Library, pool: native.ThreadPool, n: int = 64) -> set[int]:
+    """The threads that ran the items of one 1-d call of ``n`` items (each item waits a little, so that a woken
+    worker has the time to join)."""
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    def task(_ctx, _i):
+        time.sleep(0.0002)
+        with lock:
+            seen.add(threading.get_ident())
+
+    proto = CFUNCTYPE(None, c_void_p, c_size_t)
+    cb = proto(task)
+    fn = lib.pool.pthreadpool_parallelize_1d
+    fn.restype = None
+    fn.argtypes = (c_void_p, proto, c_void_p, c_size_t, c_uint32)
+    fn(pool.handle, cb, None, n, 0)
+    return seen
+
+
+def settle(lib: native.Library, pool: native.ThreadPool, want: int) -> dict:
+    """Calls (each after the gauge's period) until the gauge offers ``want`` threads; its stats then."""
+    for _ in range(200):
+        run_kind(lib, pool.handle, "1d", (8,), (1,))
+        stats = pool.load_stats()
+        if stats["threads"] == want:
+            return stats
+        time.sleep(0.002)
+    raise AssertionError(f"the gauge never offered {want} threads: {pool.load_stats()}")
+
+
+def test_busy_machine_runs_on_the_caller_alone_then_on_every_thread_again(tmp_path):
+    lib = own()
+    fake = tmp_path / "loadavg"
+    loadavg(fake, 6)  # 6 runnable threads on 2 CPUs: at least 4 of other programs
+    pool = native.ThreadPool(2)
+    try:
+        assert pool.set_load_gauge(0.5, str(fake), online=2)
+        stats = settle(lib, pool, 1)
+        assert stats["others"] >= 1.0 and stats["reads"] >= 1
+        solo_before = stats["solo"]
+        caller = threading.get_ident()
+        for n in (2, 7, 64):
+            assert threads_of_calls(lib, pool, n) == {caller}  # no worker took an item
+        assert run_kind(lib, pool.handle, "2d_tile_2d", (13, 11), (2, 3)) == expected_calls((13, 11), (2, 3), 2)
+        assert pool.load_stats()["solo"] >= solo_before + 4
+        loadavg(fake, 1)  # only this process's caller: the machine is free again
+        stats = settle(lib, pool, 2)
+        assert stats["others"] <= 0.5
+        for n in (1, 5, 97):
+            assert run_kind(lib, pool.handle, "1d", (n,), (1,)) == expected_calls((n,), (1,), 0)
+    finally:
+        pool.close()
+
+
+def test_partly_busy_machine_limits_the_threads_and_runs_every_item_once(tmp_path):
+    lib = own()
+    fake = tmp_path / "loadavg"
+    pool = native.ThreadPool(8)
+    try:
+        loadavg(fake, 1 + 7 + 4)  # the caller, up to 7 spinning workers (subtracted when not parked), 4+ others
+        assert pool.set_load_gauge(0.5, str(fake), online=8)
+        for _ in range(50):
+            run_kind(lib, pool.handle, "1d", (16,), (1,))
+            time.sleep(0.001)
+        stats = pool.load_stats()
+        assert 1 <= stats["threads"] <= 4, stats  # at most 8 CPUs - 4 others
+        assert stats["limited"] + stats["solo"] >= 1
+        for kind, ranges, tiles, tiled in (("1d", (1000,), (1,), 0), ("2d_tile_2d", (13, 11), (2, 3), 2),
+                                           ("4d_tile_2d", (3, 2, 5, 7), (1, 1, 2, 3), 2)):
+            assert run_kind(lib, pool.handle, kind, ranges, tiles) == expected_calls(ranges, tiles, tiled)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("text", ["", "garbage\n", "1.0 2.0 3.0\n", "1.0 2.0 3.0 x/100 1\n", "1 2 3 -4/9 1\n"])
+def test_unreadable_load_keeps_every_thread(tmp_path, text):
+    lib = own()
+    fake = tmp_path / "loadavg"
+    fake.write_text(text)
+    pool = native.ThreadPool(2)
+    try:
+        assert pool.set_load_gauge(0.5, str(fake), online=2)
+        for _ in range(5):
+            assert run_kind(lib, pool.handle, "1d", (9,), (1,)) == expected_calls((9,), (1,), 0)
+            time.sleep(0.001)
+        stats = pool.load_stats()
+        assert stats["threads"] == 2 and stats["solo"] == 0 and stats["reads"] >= 1
+    finally:
+        pool.close()
+
+
+def test_gauge_settings_are_checked(tmp_path):
+    own()
+    pool = native.ThreadPool(2)
+    try:
+        for period, path, online in ((-1, None, 0), (0.01, None, 0), (2e4, None, 0), (1, None, -1),
+                                     (1, str(tmp_path / "missing"), 0)):
+            with pytest.raises(native.XnnpackError, match="bad load gauge"):
+                pool.set_load_gauge(period, path, online)
+        assert pool.set_load_gauge(0)  # off: every call may use every thread, the file is never read
+        before = pool.load_stats()
+        run_kind(own(), pool.handle, "1d", (50,), (1,))
+        assert pool.load_stats()["reads"] == before["reads"] and pool.load_stats()["threads"] == 2
+        assert pool.set_load_gauge(10)  # back on, on /proc/loadavg
+    finally:
+        pool.close()
+    assert not native.ThreadPool(1).set_load_gauge(10)  # no pool to set
+    assert native.ThreadPool(1).load_stats() is None
+
+
+def fc_on(pool: native.ThreadPool, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    sg = native.Subgraph(2)
+    xi = sg.define_tensor(1, list(x.shape), external_id=0, flags=native.FLAG_EXTERNAL_INPUT)
+    wi = sg.define_tensor(1, list(w.shape), np.ascontiguousarray(w))
+    yi = sg.define_tensor(1, [x.shape[0], w.shape[0]], external_id=1, flags=native.FLAG_EXTERNAL_OUTPUT)
+    sg.define("fully_connected", -math.inf, math.inf, xi, wi, native.INVALID_VALUE_ID, yi, 0,
+              inputs=[xi, wi], outputs=[yi])
+    try:
+        rt = native.Runtime(sg, pool)
+    finally:
+        sg.close()
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    padded = native.padded_empty(x.shape, np.float32)
+    padded[...] = x
+    rt.run_list([padded, out])
+    rt.close()
+    return out
+
+
+def test_xnnpack_results_do_not_depend_on_the_load(tmp_path):
+    lib = own()
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((512, 256)).astype(np.float32)
+    fake = tmp_path / "loadavg"
+    outs = []
+    for runnable in (1, 9):
+        loadavg(fake, runnable)
+        pool = native.ThreadPool(2)
+        try:
+            assert pool.set_load_gauge(0.5, str(fake), online=2)
+            settle(lib, pool, 2 if runnable == 1 else 1)
+            outs.append(fc_on(pool, x, w))
+        finally:
+            pool.close()
+    assert np.array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], x @ w.T, rtol=1e-4, atol=1e-3)
