@@ -190,8 +190,8 @@ def _libxnnpack_path() -> str:
     return ""
 
 
-def fc_outputs(x: np.ndarray, w: np.ndarray, threads: int) -> np.ndarray:
-    """``x @ w.T`` by an XNNPACK fully-connected runtime on a pool of ``threads`` (torch-free)."""
+def fc_on(pool: native.ThreadPool, x: np.ndarray, w: np.ndarray, runs: int = 1) -> np.ndarray:
+    """``x @ w.T`` by an XNNPACK fully-connected runtime on ``pool`` (torch-free), run ``runs`` times."""
     import math
 
     sg = native.Subgraph(2)
@@ -200,7 +200,6 @@ def fc_outputs(x: np.ndarray, w: np.ndarray, threads: int) -> np.ndarray:
     yi = sg.define_tensor(1, [x.shape[0], w.shape[0]], external_id=1, flags=native.FLAG_EXTERNAL_OUTPUT)
     sg.define("fully_connected", -math.inf, math.inf, xi, wi, native.INVALID_VALUE_ID, yi, 0,
               inputs=[xi, wi], outputs=[yi])
-    pool = native.ThreadPool(threads)
     try:
         rt = native.Runtime(sg, pool)
     finally:
@@ -208,11 +207,19 @@ def fc_outputs(x: np.ndarray, w: np.ndarray, threads: int) -> np.ndarray:
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
     padded = native.padded_empty(x.shape, np.float32)
     padded[...] = x
-    for _ in range(3):
+    for _ in range(runs):
         rt.run_list([padded, out])
     rt.close()
-    pool.close()
     return out
+
+
+def fc_outputs(x: np.ndarray, w: np.ndarray, threads: int) -> np.ndarray:
+    """``x @ w.T`` by an XNNPACK fully-connected runtime on a pool of ``threads``, run three times."""
+    pool = native.ThreadPool(threads)
+    try:
+        return fc_on(pool, x, w, runs=3)
+    finally:
+        pool.close()
 
 
 def _child(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

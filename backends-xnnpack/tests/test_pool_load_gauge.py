@@ -5,7 +5,6 @@ XNNPACK's results are the same bits. No timing here (bench/xnnpack.py --busy-cor
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from ctypes import CFUNCTYPE, c_size_t, c_uint32, c_void_p
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_own_thread_pool import expected_calls, own, run_kind
+from test_own_thread_pool import expected_calls, fc_on, own, run_kind
 
 from edgeport_xnnpack import native
 
@@ -133,25 +132,6 @@ def test_gauge_settings_are_checked(tmp_path):
         pool.close()
     assert not native.ThreadPool(1).set_load_gauge(10)  # no pool to set
     assert native.ThreadPool(1).load_stats() is None
-
-
-def fc_on(pool: native.ThreadPool, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    sg = native.Subgraph(2)
-    xi = sg.define_tensor(1, list(x.shape), external_id=0, flags=native.FLAG_EXTERNAL_INPUT)
-    wi = sg.define_tensor(1, list(w.shape), np.ascontiguousarray(w))
-    yi = sg.define_tensor(1, [x.shape[0], w.shape[0]], external_id=1, flags=native.FLAG_EXTERNAL_OUTPUT)
-    sg.define("fully_connected", -math.inf, math.inf, xi, wi, native.INVALID_VALUE_ID, yi, 0,
-              inputs=[xi, wi], outputs=[yi])
-    try:
-        rt = native.Runtime(sg, pool)
-    finally:
-        sg.close()
-    out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    padded = native.padded_empty(x.shape, np.float32)
-    padded[...] = x
-    rt.run_list([padded, out])
-    rt.close()
-    return out
 
 
 def test_xnnpack_results_do_not_depend_on_the_load(tmp_path):
