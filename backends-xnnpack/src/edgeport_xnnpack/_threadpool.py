@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import math
 import os
+from pathlib import Path
 
-__all__ = ["ENV", "LOAD_ENV", "MODE", "binding_problem", "open_own"]
+__all__ = ["ENV", "LOAD_ENV", "MODE", "binding_problem", "cpu_quota", "open_own"]
 
 ENV = "EDGEPORT_XNNPACK_POOL"
 #: ``off`` turns the pool's load gauge off (a diagnostic for benchmarks): every call may then use every thread
@@ -76,3 +78,60 @@ def binding_problem(own: ctypes.CDLL, xnn: ctypes.CDLL) -> str:
         return "libXNNPACK imports no pthreadpool functions"
     return ""
 
+
+
+def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The CPUs this process's cgroups let it use (a container's ``--cpus``): the quota over the period, rounded
+    up, the smallest along the cgroup's path (cgroup v2 ``cpu.max``; v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``); ``None`` when no quota is set or the files cannot be read. A pool sized by the affinity
+    mask alone would start 64 threads in a 2-CPU container on a 64-core host."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "":  # v2: the unified hierarchy (or its hybrid mount)
+            bases = [Path(root), Path(root) / "unified"]
+            limits += _walk(bases, path, _v2_limit)
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount
+            bases = [Path(root) / controllers, Path(root) / "cpu", Path(root) / "cpu,cpuacct"]
+            limits += _walk(bases, path, _v1_limit)
+    return max(1, math.ceil(min(limits) - 1e-9)) if limits else None
+
+
+def _walk(bases: list[Path], path: str, read) -> list[float]:
+    """The limits ``read`` finds in the cgroup ``path`` and its ancestors below the first base that exists (in a
+    container the cgroup's own directory is the mount's root, so the root always counts)."""
+    for base in bases:
+        if not base.is_dir():
+            continue
+        parts = [p for p in path.strip("/").split("/") if p]
+        dirs = [base.joinpath(*parts[:k]) for k in range(len(parts), -1, -1)]
+        return [v for d in dirs if d.is_dir() for v in [read(d)] if v is not None]
+    return []
+
+
+def _v2_limit(d: Path) -> float | None:
+    try:
+        quota, period = (d / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else _ratio(int(quota), int(period))
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_limit(d: Path) -> float | None:
+    try:
+        quota = int((d / "cpu.cfs_quota_us").read_text())
+        period = int((d / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota < 0 else _ratio(quota, period)
+
+
+def _ratio(quota: int, period: int) -> float | None:
+    return quota / period if quota > 0 and period > 0 else None

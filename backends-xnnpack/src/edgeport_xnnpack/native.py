@@ -282,14 +282,17 @@ def pool_status() -> tuple[str, str]:
 
 
 def default_num_threads() -> int:
-    """``EDGEPORT_XNNPACK_THREADS`` if set, else the cores this process may use."""
+    """``EDGEPORT_XNNPACK_THREADS`` if set, else the cores this process may use: its affinity mask, capped by its
+    cgroups' CPU quota (a container's ``--cpus``)."""
     env = os.environ.get("EDGEPORT_XNNPACK_THREADS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    quota = _threadpool.cpu_quota()
+    return min(cores, quota) if quota else cores
 
 
 class ThreadPool:

@@ -14,7 +14,8 @@ class XnnpackCompileOptions(CompileOptions):
     """Options carried as compile specs (each value JSON-encoded; ExecuTorch's XNNPACK runtime ignores them).
 
     ``num_threads``: threads of the pthreadpool edgeport's executor runs this delegate with; ``None`` (the
-    default) means ``EDGEPORT_XNNPACK_THREADS`` or every core available to the process.
+    default) means ``EDGEPORT_XNNPACK_THREADS`` or every core available to the process (its affinity mask, capped by
+    its cgroups' CPU quota).
     """
 
     num_threads: int | None = None
