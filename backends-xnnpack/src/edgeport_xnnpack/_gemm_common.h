@@ -38,5 +38,6 @@ PyObject *qs8_packed_gemm(PyObject *module, PyObject *args);
 PyObject *qs8_im2col(PyObject *module, PyObject *args);
 PyObject *conv_isa(PyObject *module, PyObject *args);
 PyObject *conv_packed(PyObject *module, PyObject *args);
+PyObject *bmm(PyObject *module, PyObject *args);
 
 #endif

@@ -19,6 +19,7 @@ import numpy as np
 from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._copies import plan_copies
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
+from edgeport_xnnpack._host_place import fused_scales
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_mean
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
@@ -26,6 +27,14 @@ try:  # optional, built with the C glue when a compiler is present
     from edgeport_xnnpack import _kernels
 except ImportError:  # pragma: no cover - no compiler at install time
     _kernels = None
+try:
+    from edgeport_xnnpack._gemm import bmm as _bmm
+except ImportError:  # pragma: no cover - no compiler at install time, or an extension built before bmm
+    _bmm = None
+
+#: batch matrix products of at most this many multiply-adds run on ``_gemm.bmm`` (one call for the whole batch,
+#: no Python per batch element; a decode step's attention products are 65k); larger ones on numpy's OpenBLAS
+BMM_MAX_MACS = 1 << 18
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -185,12 +194,15 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
     return _op(lambda xs: np.asarray(fn(xs[0]), np.float32))
 
 
-def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]) -> HostOp:
+def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...],
+            scaled: bool = False) -> HostOp:
+    """A matrix product; ``scaled``: it also reads a one-element third input ``s`` and computes ``a @ (b * s)`` (a
+    multiply by a scalar fused into its consumer, see ``HostSegment``; ``b * s`` rounded as if materialized)."""
     kind = node.kind
     transpose_b = bool(node.get("flags") & 1)
     if kind == "XNNFullyConnected":
         transpose_b = not transpose_b  # the filter is [out, in] unless XNN_FLAG_TRANSPOSE_WEIGHTS
-    has_bias = len(in_shapes) > 2
+    has_bias = len(in_shapes) > 2 and not scaled
     a, b = in_shapes[0], in_shapes[1]
     _check(len(a) >= 1 and len(b) >= 2, "matrix multiply needs a matrix operand")
     k_b, n_b = (b[-1], b[-2]) if transpose_b else (b[-2], b[-1])
@@ -205,21 +217,55 @@ def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
     _check(math.prod(want) == math.prod(out_shape), f"matrix multiply {a} x {b} gives {want}, not {out_shape}")
     same = tuple(want) == tuple(out_shape)
     clamp = _clamp(node)
+    # the C product where it pays (see BMM_MAX_MACS); it clamps itself when no bias comes between
+    small = _bmm is not None and math.prod(out_shape) * k_b <= BMM_MAX_MACS
+    bounds = clamp if clamp is not None and not has_bias else ()
 
     def operands(xs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         rhs = np.swapaxes(xs[1], -1, -2) if transpose_b else xs[1]
         return (xs[0].reshape(-1, k_b) if flat else xs[0]), rhs
+    if scaled:
+        return _scaled_matmul(operands, want, same, small, clamp, out_shape)
 
     def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
         lhs, rhs = operands(xs)
         dst = out if same else out.reshape(want)
-        np.matmul(lhs, rhs, out=dst)
+        done = small and _bmm(lhs, rhs, dst, *bounds)
+        if done and not has_bias:
+            return  # clamped too
+        if not done:
+            np.matmul(lhs, rhs, out=dst)
         if has_bias:
             np.add(dst, xs[2], out=dst)
         if clamp is not None:
             np.clip(dst, clamp[0], clamp[1], out=dst)
     op = _op(into=into, out_shape=out_shape)
-    op.uses_blas = True
+    op.uses_blas = not small
+    return op
+
+
+def _scaled_matmul(operands: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, np.ndarray]],
+                   want: tuple[int, ...], same: bool, small: bool, clamp: tuple[float, float] | None,
+                   out_shape: tuple[int, ...]) -> HostOp:
+    lo, hi = clamp if clamp is not None else (-math.inf, math.inf)
+    held: list[np.ndarray] = []  # the scaled operand of the numpy path, allocated once
+
+    def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        lhs, rhs = operands(xs)
+        scale = xs[2]
+        dst = out if same else out.reshape(want)
+        if small and scale.dtype == np.float32 and _bmm(lhs, rhs, dst, lo, hi, float(scale.reshape(-1)[0])):
+            return
+        if not held or held[0].shape != rhs.shape:  # the multiply as it ran before, then numpy's product
+            held[:] = [np.empty(rhs.shape, np.float32)]
+        b = held[0]
+        if not _transposed_into(rhs, scale, b):
+            np.multiply(rhs, scale.reshape(()), out=b)
+        np.matmul(lhs, b, out=dst)
+        if clamp is not None:
+            np.clip(dst, lo, hi, out=dst)
+    op = _op(into=into, out_shape=out_shape)
+    op.uses_blas = not small
     return op
 
 
@@ -280,6 +326,12 @@ class HostSegment:
         for j, n in enumerate(nodes):
             for v in set(n.inputs()):
                 readers.setdefault(v, []).append(j)
+        ops = list(ops)
+        # a multiply by a one-element value whose result only reaches a matrix product's second operand (through
+        # reshapes): the product scales that operand itself (K^T * scale, read in place from the key cache)
+        aliased, scales = fused_scales(nodes, ops, materialize, readers, dims) if _bmm is not None else ({}, {})
+        for b, scale in scales.items():
+            ops[b] = _matmul(nodes[b], [dims(v) for v in nodes[b].inputs()], dims(nodes[b].outputs()[0]), scaled=True)
         # target[u] = (materialized root value, u's shape): u is computed straight into the root's buffer
         target: dict[int, tuple[int, tuple[int, ...]]] = {}
         skip: set[int] = set()
@@ -301,6 +353,13 @@ class HostSegment:
             if j in skip:
                 continue
             ins, o = list(n.inputs())[:op.reads], n.outputs()[0]
+            if j in aliased:  # the multiply's operand stands for its result (the product applies the scale)
+                ins = [aliased[j]]
+                self.program.append(_alias(ins[0], o))
+                outside.update(v for v in ins if v not in produced)
+                continue
+            if j in scales:
+                ins.append(scales[j])
             outside.update(v for v in ins if v not in produced)
             if o in target:
                 self.program.append(_into_target(op, ins, o, *target[o]))
@@ -338,6 +397,12 @@ class HostSegment:
                 step(env)
         finally:
             blas[1](n)
+
+
+def _alias(src: int, o: int) -> Callable[[dict[int, np.ndarray]], None]:
+    def step(env: dict[int, np.ndarray]) -> None:
+        env[o] = env[src]
+    return step
 
 
 def _compute(op: HostOp, ins: list[int], o: int) -> Callable[[dict[int, np.ndarray]], None]:
