@@ -5,7 +5,8 @@ For each scheme (fp32, 8da4w), the ``medium`` Llama-style decoder of ``bench/llm
 edgeport (``--pte-dir`` keeps / reuses the ``.pte`` files, one per commit). Then:
 
 * **A/B, interleaved**: the same program loaded twice, with the runtime's rewrites (common calls reused,
-  ``runtime._cse``; the masked-row guard fused, ``runtime._fuse``; the one-position ``index_put_`` slice) and
+  ``runtime._cse``; the masked-row guard fused, ``runtime._fuse``; reshape-only delegate calls as views,
+  ``runtime._views``; the one-position ``index_put_`` slice) and
   without them; decode ms per token, medians of ``--rounds`` blocks of ``--new`` greedy steps each;
 * **profile** of a decode step on the rewritten load (``method.time_ops``): delegate calls vs portable kernel
   calls vs the rest (input binding, output copy, dispatch), per kernel and per delegate;
@@ -62,15 +63,17 @@ def load(path: Path, rewrites: bool) -> Any:
     from edgeport.runtime import Runtime
     from edgeport.runtime.portable import shape
 
-    saved = (method_module.common_calls, method_module.masked_row_guards, shape._one_position)
+    saved = (method_module.common_calls, method_module.masked_row_guards, method_module.reshape_delegates,
+             shape._one_position)
     if not rewrites:
         method_module.common_calls = lambda *a, **k: {}
         method_module.masked_row_guards = lambda *a, **k: ({}, set())
+        method_module.reshape_delegates = lambda *a, **k: {}
     try:
         method = Runtime.get().load_program(str(path)).load_method(
             backend_options={"XnnpackBackend": {"num_threads": 1}})
     finally:
-        method_module.common_calls, method_module.masked_row_guards, _ = saved
+        method_module.common_calls, method_module.masked_row_guards, method_module.reshape_delegates, _ = saved
     return method
 
 

@@ -190,6 +190,10 @@ class RuntimeExecutor:
     * ``pure = True`` — ``execute`` keeps no state between calls and gives the same outputs for the same inputs;
       with ``num_outputs``, a call whose inputs are all constants then runs once at load and its outputs
       become constants (constant folding; e.g. rotary-embedding tables and attention masks);
+    * ``reshape_only(handle) -> bool`` — with ``num_outputs``: true when the delegate has one tensor input and
+      one output of the same dtype and size holding the input's elements in C order (a lone reshape, e.g.
+      XNNPACK's static reshape). The runtime may then skip the call and give the output's slot a view of the
+      input's memory, where that view reads what the call would have written (see ``edgeport.runtime._views``);
     * ``execute(handle, inputs, out=outs)`` — destination passing. When ``execute`` declares a parameter named
       ``out`` (a bare ``**kwargs`` does not count), every call passes ``outs``, a list with one entry per
       delegate output: the array the runtime planned for that output in the current run (writable,

@@ -132,7 +132,7 @@ class ChainCompiler:
                 labels.append(label)
                 self.kernel_ops += 1
             elif k is S.DelegateCall:
-                if (ci, ii) in self.analysis.folded_delegates:
+                if (ci, ii) in self.analysis.folded_delegates or (ci, ii) in self.analysis.viewed_delegates:
                     continue
                 delegate = self.delegates[a.delegate_index]
                 label += f" (delegate {a.delegate_index}: {delegate.backend_id})"

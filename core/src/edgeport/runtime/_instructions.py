@@ -74,6 +74,8 @@ class InstructionAnalysis:
     fused: dict[tuple[int, int], tuple[Any, list[int]]] = field(default_factory=dict)
     #: (chain, instruction) of the other calls of fused groups (not run)
     fused_away: set[tuple[int, int]] = field(default_factory=set)
+    #: (chain, instruction) of delegate calls that only reshape, run as views (runtime._views) -> (input, output)
+    viewed_delegates: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
     def kernel_calls(self) -> Iterator[KernelCallInfo]:
         for infos in self.chains:

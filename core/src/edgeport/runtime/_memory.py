@@ -4,10 +4,13 @@ Each context owns one zero-initialised ``uint8`` arena per ``memory_id``; every 
 view into its arena at its planned offset, shaped with its planned (for dynamic shapes: upper-bound) sizes and
 laid out in its ``dim_order``. A planned dynamic tensor also has a "capacity" slot that keeps the upper-bound
 view (kernels receive it as their out argument) while the value slot holds a view with the actual shape.
+The output of a delegate call run as a view (:mod:`._views`) has no memory of its own: its slot is a reshaped view
+of the call's input.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -38,9 +41,11 @@ class MemoryLayout:
     (:meth:`MethodValues.static_template`, after constant folding).
     """
 
-    def __init__(self, mv: MethodValues, template: list[Any]) -> None:
+    def __init__(self, mv: MethodValues, template: list[Any], views: Iterable[tuple[int, int]] = ()) -> None:
         self.mv = mv
         self.template = template
+        #: (input, output) of delegate calls run as views: the output's slot is a reshaped view of the input's
+        self.views = [(i, o, mv.specs[o].sizes) for i, o in views]
         self.num_values = len(mv.values)
         self.capacity: dict[int, int] = {}
         slot = self.num_values
@@ -88,6 +93,8 @@ class MemoryLayout:
             vals[i] = view
             if i in capacity:
                 vals[capacity[i]] = view
+        for i, o, sizes in self.views:
+            vals[o] = vals[i].reshape(sizes)  # C-ordered, statically planned: a view of the same memory
         for i, ev in enumerate(mv.values):
             k = mv.kinds[i]
             if k is S.TensorList:

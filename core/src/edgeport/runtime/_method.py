@@ -24,6 +24,7 @@ from edgeport.runtime._io import Binder, borrowable_inputs, input_binders
 from edgeport.runtime._memory import Context, MemoryLayout
 from edgeport.runtime._profile import MethodProfile
 from edgeport.runtime._values import MethodValues
+from edgeport.runtime._views import reshape_delegates
 
 __all__ = ["MethodPlan"]
 
@@ -71,11 +72,13 @@ class MethodPlan:
         if fold:  # after init: calls of pure delegates on constants fold too
             self.profile.folded_instructions = fold_constants(mv, plan, analysis, self.static_template,
                                                               self._delegates.items)
+            analysis.viewed_delegates = reshape_delegates(mv, plan, analysis, self._delegates.items)
+            self.profile.viewed_delegates = len(analysis.viewed_delegates)
             analysis.fused, analysis.fused_away = masked_row_guards(mv, plan, analysis, self.static_template)
             self.profile.fused_calls = len(analysis.fused_away)
             analysis.reused = common_calls(mv, plan, analysis, self.static_template, self._delegates.items)
             self.profile.reused_calls = len(analysis.reused)
-        self._layout = MemoryLayout(mv, self.static_template)
+        self._layout = MemoryLayout(mv, self.static_template, analysis.viewed_delegates.values())
         compiler = ChainCompiler(mv, plan, analysis, self._layout, self._delegates.items)
         self.chains: list[CompiledChain] = compiler.compile()
         #: whether any portable kernel runs (only then does a run silence numpy's floating-point warnings: entering

@@ -41,6 +41,8 @@ class MethodProfile:
     reused_calls: int = 0
     #: kernel calls folded into a fused operation at load (see ``runtime._fuse``), not run on their own
     fused_calls: int = 0
+    #: delegate calls that only reshape, run as views of their input at load (see ``runtime._views``)
+    viewed_delegates: int = 0
     runs: int = 0
     last_run_seconds: float = 0.0
     #: with ``method.time_ops = True``: seconds and calls per op (kernel name or ``delegate N: backend``)

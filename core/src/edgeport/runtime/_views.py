@@ -1,0 +1,135 @@
+"""Delegate calls that only reshape, run as views at load: a delegate whose executor says (``reshape_only(handle)``)
+that its one output is its one tensor input's elements in C order (e.g. XNNPACK's lone static reshape, which the
+partitioner leaves around a KV cache before the ``expand_copy`` of grouped-query attention) is not called; the
+output's slot holds a view of the input's planned memory instead, made once per execution context.
+
+Applied only where that view reads what the call would have written: the input is a statically planned,
+C-ordered tensor whose slot no run rebinds (not a method input, not a constant); the output is a statically planned
+tensor of the same dtype and size that only this call writes, no method output, no list item, and no elided view
+(a planned tensor nothing writes) overlaps its memory; every read of the output comes after the call in the same
+chain, and nothing writes the input's memory (or any unplanned tensor, which may be a view of anything) from the
+call up to the last of those reads. Methods with jumps are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from edgeport.program import schema as S
+from edgeport.runtime._instructions import InstructionAnalysis
+from edgeport.runtime._values import MethodValues
+
+__all__ = ["reshape_delegates"]
+
+
+def _reshape_only(delegate: Any) -> bool:
+    ask = getattr(delegate.executor, "reshape_only", None)
+    if getattr(delegate, "kind", "") != "backend" or not callable(ask):
+        return False
+    try:
+        return ask(delegate.handle) is True
+    except Exception:  # noqa: BLE001 - an executor that cannot tell runs the call
+        return False
+
+
+def _num_outputs(delegate: Any) -> int | None:
+    declared = getattr(delegate.executor, "num_outputs", None)
+    if not callable(declared):
+        return None
+    try:
+        return int(declared(delegate.handle))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
+                      delegates: Sequence[Any]) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(chain, instruction) -> (input value, output value)`` of the delegate calls run as views."""
+    if any(type(i.instr_args) is S.JumpFalseCall for c in plan.chains for i in c.instructions):
+        return {}
+    reshapes = {di for di, d in enumerate(delegates) if _reshape_only(d)}
+    if not reshapes:
+        return {}
+    kinds, specs = mv.kinds, mv.specs
+    # per instruction: the tensors it reads and writes
+    reads: dict[tuple[int, int], set[int]] = {}
+    writes: dict[tuple[int, int], set[int]] = {}
+    for ci, chain in enumerate(plan.chains):
+        for ii, instr in enumerate(chain.instructions):
+            a, call = instr.instr_args, analysis.chains[ci][ii]
+            r: set[int] = set()
+            w: set[int] = set()
+            if call is not None:
+                if call.folded:
+                    continue
+                for pos, idx in enumerate(call.params):
+                    (w if pos in call.outs else r).update(mv.tensor_items(idx))
+                    if pos in call.mut:
+                        w.update(mv.tensor_items(idx))
+                for idx in call.rets:
+                    w.update(mv.tensor_items(idx))
+            elif type(a) is S.DelegateCall:
+                if (ci, ii) in analysis.folded_delegates:
+                    continue
+                n = _num_outputs(delegates[a.delegate_index])
+                args = list(a.args)
+                for k, idx in enumerate(args):
+                    r.update(mv.tensor_items(idx))
+                    if n is None or k >= len(args) - n:  # unknown split: every argument may be written
+                        w.update(mv.tensor_items(idx))
+            elif type(a) is S.MoveCall:
+                r.update(mv.tensor_items(a.move_from))
+                w.update(mv.tensor_items(a.move_to))
+            reads[(ci, ii)], writes[(ci, ii)] = r, w
+    writers: dict[int, set[tuple[int, int]]] = {}
+    for at, w in writes.items():
+        for t in w:
+            writers.setdefault(t, set()).add(at)
+    listed = {j for i, k in enumerate(kinds) if k in (S.TensorList, S.OptionalTensorList) for j in mv.tensor_items(i)}
+    never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
+                     and i not in writers and i not in plan.inputs]
+    inputs, outputs = set(plan.inputs), set(plan.outputs)
+
+    def overlaps(a: Any, b: Any) -> bool:
+        return a.mem_id == b.mem_id and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+
+    def static_planned(i: int) -> bool:
+        sp = specs.get(i) if kinds[i] is S.Tensor else None
+        return (sp is not None and sp.mem_id != 0 and not sp.dynamic and sp.constant is None and sp.contiguous_order
+                and sp.nbytes > 0 and i not in analysis.rw and i not in inputs)
+
+    found: dict[tuple[int, int], tuple[int, int]] = {}
+    for ci, chain in enumerate(plan.chains):
+        for ii, instr in enumerate(chain.instructions):
+            a = instr.instr_args
+            if type(a) is not S.DelegateCall or a.delegate_index not in reshapes or (ci, ii) not in reads:
+                continue
+            args = list(a.args)
+            if _num_outputs(delegates[a.delegate_index]) != 1:
+                continue
+            out = args[-1]
+            tensors = [i for i in args[:-1] if kinds[i] is S.Tensor]
+            if len(tensors) != 1 or kinds[out] is not S.Tensor:
+                continue
+            src = tensors[0]
+            if not (static_planned(src) and static_planned(out)) or out in outputs or out in listed:
+                continue
+            s_in, s_out = specs[src], specs[out]
+            if s_in.dtype != s_out.dtype or s_in.nbytes != s_out.nbytes or writers.get(out) != {(ci, ii)}:
+                continue
+            if any(overlaps(s_out, o) for o in never_written):
+                continue  # an elided view reads the output's memory
+            readers = [at for at, r in reads.items() if out in r and at != (ci, ii)]
+            if not readers or any(c != ci or j <= ii for c, j in readers):
+                continue
+            last = max(j for _, j in readers)
+            clobbered = False
+            for j in range(ii + 1, last + 1):
+                for t in writes.get((ci, j), ()):
+                    st = specs.get(t)
+                    if t == src or st is None or not st.mem_id or overlaps(st, s_in):
+                        clobbered = True
+            if not clobbered:
+                found[(ci, ii)] = (src, out)
+    return found
