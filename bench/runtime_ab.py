@@ -1,17 +1,16 @@
-"""In-process A/B of the runtime's portable kernels: the same ``.pte`` loaded twice in one process, once with the
-working tree's runtime and once with the portable kernels, the fused masked-row guard and the per-call list
-resolvers of a base commit (their sources taken from git into a temporary package), calls of the two loads
-alternated in blocks. Outputs are compared bit for bit first.
+"""In-process A/B of edgeport's runtime: the same ``.pte`` loaded twice in one process, once with the working
+tree's runtime and once with the whole runtime package of a base commit (``core/src/edgeport/runtime`` taken from
+git into a temporary package: its loader, load-time rewrites, compiler, interpreter loop and portable kernels),
+calls of the two loads alternated in blocks. Outputs are compared bit for bit first.
 
     python bench/runtime_ab.py --base b1213fe [--models llama bert vit t5_encoder] [--decode fp32 8da4w]
 
 Small Hugging Face configs (``edgeport.testing.architectures``, lowered with the XNNPACK partitioner): median and
 minimum microseconds per ``execute``. ``--decode``: the medium Llama-style decoder of ``bench/llm_profile.py``
-(``--pte-dir`` reuses its files); every op of a decode step timed in place, steps alternated: the portable kernel
-operations' time per step (the delegates are the same code in both loads). CPU model and load average printed; one
-XNNPACK thread. What the base load does not take from the base commit (the interpreter loop, the delegates' code)
-is shared, so only changes to ``runtime/portable``, ``runtime/kernel_utils.py``, ``runtime/_fuse.py`` and the list
-resolvers of ``runtime/_compile.py`` are compared.
+(``--pte-dir`` reuses its files): whole decode steps (``execute``) alternated between the two loads, and every op
+of a step timed in place in a second pass: the time of the operations outside the delegates (portable kernels,
+moves, list resolvers) per step. CPU model and load average printed; one XNNPACK thread. The delegates' code
+(backends) is shared by both loads.
 """
 
 from __future__ import annotations
@@ -40,52 +39,39 @@ OPTS = {"XnnpackBackend": {"num_threads": 1}}
 
 
 def base_package(commit: str, root: Path) -> Any:
-    """The base commit's portable kernels, kernel_utils and _fuse as package ``BASE_PKG`` under ``root``."""
+    """The base commit's ``edgeport.runtime`` as package ``BASE_PKG`` under ``root``."""
     pkg = root / BASE_PKG
-    (pkg / "portable").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
     src = "core/src/edgeport/runtime/"
-    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{commit}:{src}portable"],
+    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", commit, src],
                            capture_output=True, text=True, check=True).stdout.split()
-    for rel in ["kernel_utils.py", "_fuse.py"] + [f"portable/{n}" for n in names if n.endswith(".py")]:
-        text = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{src}{rel}"], capture_output=True,
+    for name in names:
+        if not name.endswith(".py"):
+            continue
+        text = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{name}"], capture_output=True,
                               text=True, check=True).stdout
-        text = text.replace("edgeport.runtime.portable", f"{BASE_PKG}.portable")
-        text = text.replace("edgeport.runtime.kernel_utils", f"{BASE_PKG}.kernel_utils")
-        (pkg / rel).write_text(text)
+        dst = pkg / name[len(src):]
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text.replace("edgeport.runtime", BASE_PKG))
     sys.path.insert(0, str(root))
-    return importlib.import_module(f"{BASE_PKG}.portable"), importlib.import_module(f"{BASE_PKG}._fuse")
+    return importlib.import_module(BASE_PKG)
 
 
-def load(pte: bytes, base: tuple[Any, Any] | None) -> Any:
-    """The method; with ``base``, on the base commit's portable kernels, guard and list resolvers."""
-    import edgeport.runtime._method as method_module
+def load(pte: bytes, base: Any | None) -> Any:
+    """The method, on the working tree's runtime, or with ``base`` on the base package's runtime and kernels."""
     from edgeport.registry import KernelRegistry, kernel_registry
-    from edgeport.runtime import Runtime
-    from edgeport.runtime._compile import ChainCompiler
 
     if base is None:
+        from edgeport.runtime import Runtime
+
         return Runtime.get().load_program(pte).load_method("forward", backend_options=OPTS)
-    portable, fuse = base
+    portable = importlib.import_module(f"{BASE_PKG}.portable")
     current = kernel_registry()
     reg = KernelRegistry()
     for op in current.ops():
         e = current.get(op)
         fn = portable.KERNELS.get(op, e.fn) if e.library == "portable" else e.fn
         reg.add(op, fn, e.library)
-    saved = method_module.masked_row_guards, ChainCompiler.__init__
-    init = ChainCompiler.__init__
-
-    def base_init(self: Any, *a: Any, **k: Any) -> None:  # every dynamic list through a resolver operation
-        init(self, *a, **k)
-        if hasattr(self, "output_values"):
-            self.output_values = set(self.output_values) | set(self.dynamic_lists)
-
-    method_module.masked_row_guards, ChainCompiler.__init__ = fuse.masked_row_guards, base_init
-    try:
-        return Runtime(kernels=reg).load_program(pte).load_method("forward", backend_options=OPTS)
-    finally:
-        method_module.masked_row_guards, ChainCompiler.__init__ = saved
+    return base.Runtime(kernels=reg).load_program(pte).load_method("forward", backend_options=OPTS)
 
 
 def small(name: str, base: Any, rounds: int, block: int) -> str:
@@ -130,12 +116,24 @@ def decode(scheme: str, base: Any, pte_dir: Path, steps: int) -> str:
                      for i in range(8)]
     same = all(np.array_equal(x, y) for x, y in zip(logits["new"], logits["base"]))
     pos = dict.fromkeys(ms, 128)
-    kern: dict[str, list[float]] = {k: [] for k in ms}
-    nops = {}
-    for i in range(steps):
+    step: dict[str, list[float]] = {k: [] for k in ms}
+    for i in range(steps):  # whole steps
         for k in (("new", "base") if i % 2 == 0 else ("base", "new")):
             m = ms[k]
             if pos[k] >= 120:  # a fresh prefill before the context fills
+                m.execute(prefill)
+                pos[k] = 32
+            xs = [np.array([[7]], dtype=np.int64), np.array([pos[k]], dtype=np.int64)]
+            t = time.perf_counter()
+            m.execute(xs)
+            step[k].append(time.perf_counter() - t)
+            pos[k] += 1
+    kern: dict[str, list[float]] = {k: [] for k in ms}
+    nops = {}
+    for i in range(steps):  # every op timed in place
+        for k in (("new", "base") if i % 2 == 0 else ("base", "new")):
+            m = ms[k]
+            if pos[k] >= 120:
                 m.execute(prefill)
                 pos[k] = 32
             runner = m._runner
@@ -159,19 +157,35 @@ def decode(scheme: str, base: Any, pte_dir: Path, steps: int) -> str:
             kern[k].append(spent)
             nops[k] = n
     a, b = (statistics.median(kern[k]) * 1e6 for k in ("new", "base"))
-    return f"| decode {scheme} | {nops['new']} / {nops['base']} | {a:.0f} | {b:.0f} | {a / b:.2f}x | {same} |"
+    sa, sb = (statistics.median(step[k]) * 1e3 for k in ("new", "base"))
+    return (f"| decode {scheme} | {sa:.3f} | {sb:.3f} | {sa / sb:.2f}x | {nops['new']} / {nops['base']} | {a:.0f} | "
+            f"{b:.0f} | {a / b:.2f}x | {same} |")
+
+
+def _reshape_only_stand_in(self: Any, handle: Any) -> bool:
+    steps = getattr(handle, "steps", [])
+    return len(handle.inputs) == 1 and len(handle.outputs) == 1 and len(steps) == 1 \
+        and steps[0].label == "host[1 nodes: StaticReshape]"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", required=True, help="the commit whose portable kernels the base load takes")
+    ap.add_argument("--base", required=True, help="the commit whose runtime the base load takes")
     ap.add_argument("--models", nargs="*", default=["llama", "bert", "vit", "t5_encoder"])
     ap.add_argument("--decode", nargs="*", default=[], help="fp32 / 8da4w decode steps of bench/llm_profile.py's model")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--block", type=int, default=20)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--pte-dir", default="/tmp/edgeport-llm-profile")
+    ap.add_argument("--reshape-only-stand-in", action="store_true",
+                    help="give XnnpackExecutor a reshape_only(handle) answering from its planned steps (one host "
+                         "step of one StaticReshape node), for executors that do not declare it yet")
     args = ap.parse_args()
+    if args.reshape_only_stand_in:
+        from edgeport_xnnpack.runtime import XnnpackExecutor
+
+        if not hasattr(XnnpackExecutor, "reshape_only"):
+            XnnpackExecutor.reshape_only = _reshape_only_stand_in  # type: ignore[attr-defined]
     warnings.filterwarnings("ignore")
     import torch
 
@@ -187,8 +201,9 @@ def main() -> None:
                 print(small(name, base, args.rounds, args.block), flush=True)
         if args.decode:
             Path(args.pte_dir).mkdir(parents=True, exist_ok=True)
-            print("\n| decode step | kernel ops new / base | kernels us new | base | new / base | bit-identical |")
-            print("|---|---:|---:|---:|---:|---|")
+            print("\n| decode step | step ms new | base | new / base | non-delegate ops new / base | their us new "
+                  "| base | new / base | bit-identical |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
             for scheme in args.decode:
                 print(decode(scheme, base, Path(args.pte_dir), args.steps), flush=True)
     print(f"\nload average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

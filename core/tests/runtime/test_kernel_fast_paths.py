@@ -35,7 +35,7 @@ def _cases():
     for shape, dim, keepdim, s, fill_first in itertools.product(
             [(1, 4, 8, 8), (1, 8, 1, 128), (3, 5), (2, 0)], [-1, 0], [True, False], [float("-inf"), 0.0],
             [True, False]):
-        for rows in ("none", "some", "all", "nan"):
+        for rows in ("none", "some", "all", "nan", "nan and masked", "all nan"):
             x = rng.standard_normal(shape).astype(np.float32)
             if x.size:
                 x[..., 3:] = s  # partly masked rows everywhere
@@ -46,6 +46,11 @@ def _cases():
                 elif rows == "nan":
                     x[(0,) * (x.ndim - 1)] = s
                     x.reshape(-1)[0] = np.nan
+                elif rows == "nan and masked":  # a fully masked row, and a NaN in another one
+                    x[(0,) * (x.ndim - 1)] = s
+                    x.reshape(-1)[-1] = np.nan
+                elif rows == "all nan":
+                    x[...] = np.nan
             yield x, dim, keepdim, s, fill_first
 
 

@@ -38,7 +38,18 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
 
     def masked_row_guard(x, v, p, q, out):
         if x.ndim:  # all(x == s) along dim: one comparison and one reduction (the same as not any(x != s))
-            d = np.logical_and.reduce(np.equal(x, s), axis=normalize_dim(dim, x.ndim), keepdims=keepdim)
+            ax = normalize_dim(dim, x.ndim)
+            e = np.equal(x, s)
+            if p is None and q is not None and x.shape[ax] and np.count_nonzero(e) < x.shape[ax]:
+                # fewer matches than a row has elements: no row matches throughout, d is False everywhere and
+                # where(d, fill, q) is q (counting is cheaper than the reduction)
+                dshape = x.shape[:ax] + ((1,) if keepdim else ()) + x.shape[ax + 1:]
+                shape = broadcast_shape(dshape, q.shape if q.__class__ is np.ndarray else np.shape(q))
+                if shape != out.shape:
+                    out = resize(out, shape)
+                np.copyto(out, q, casting="unsafe")
+                return out
+            d = np.logical_and.reduce(e, axis=ax, keepdims=keepdim)
         else:
             d = np.logical_not(np.any(np.not_equal(x, s), axis=normalize_dim(dim, x.ndim), keepdims=keepdim))
         if p is None or q is None:
