@@ -36,6 +36,13 @@ MAX_STEPS = 50_000_000
 _clock = time.perf_counter
 _ndarray = np.ndarray
 
+try:  # numpy's floating-point error state is a context variable: set it directly (np.errstate costs ~1.5 us a run)
+    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+
+    _QUIET: Any = _make_extobj(all="ignore")
+except Exception:  # noqa: BLE001 - another numpy: np.errstate below
+    _extobj_contextvar = None
+
 
 _LABEL = re.compile(r"chains\[\d+\]\.instructions\[(\d+)\](?: \((.*)\))?$")
 
@@ -106,9 +113,16 @@ class MethodRunner:
                     fast(vals)
                 except Exception as exc:
                     raise self._wrap(exc, plan.chains[0][2], 0) from exc
-            elif plan.uses_kernels:
-                with np.errstate(all="ignore"):
-                    self._run_chains(plan, vals)
+            elif plan.uses_kernels:  # kernels run with numpy's floating-point warnings off
+                if _extobj_contextvar is not None:
+                    token = _extobj_contextvar.set(_QUIET)
+                    try:
+                        self._run_chains(plan, vals)
+                    finally:
+                        _extobj_contextvar.reset(token)
+                else:
+                    with np.errstate(all="ignore"):
+                        self._run_chains(plan, vals)
             else:
                 self._run_chains(plan, vals)
             # copies: the context (and its arenas) goes back to the pool for the next run
