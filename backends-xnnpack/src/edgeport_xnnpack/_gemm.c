@@ -393,8 +393,9 @@ static PyMethodDef methods[] = {
      "conv_packed(parallelize, pool, level, x, x_len, packed_w, packed_bias, zero, offsets, out, m, taps, c, n, lo, "
      "hi, threads)"},
     {"bmm", bmm, METH_VARARGS,
-     "bmm(a, b, out[, lo, hi]) -> bool: out = clamp(a @ b) for float32 views of rank >= 2 with numpy matmul's batch "
-     "broadcasting into a C-contiguous out; False (nothing written) when it does not take them (see _gemm_bmm.c)"},
+     "bmm(a, b, out[, lo, hi[, scale]]) -> bool: out = clamp(a @ (b * scale)) for float32 views of rank >= 2 with "
+     "numpy matmul's batch broadcasting into a C-contiguous out; False (nothing written) when it does not take them "
+     "(see _gemm_bmm.c)"},
     {"packed_gemm", packed_gemm, METH_VARARGS,
      "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},
     {NULL, NULL, 0, NULL},

@@ -109,6 +109,24 @@ class XnnpackHandle:
         if self.specializer is None:
             self.specializer = Specializer([], {}, self.inputs, self.outputs, _no_build, 0)
 
+    def reshape_only(self) -> bool:
+        """The delegate only reshapes: one input, one output of as many elements, and its one step a host segment
+        of reshapes from that input to that output (the runtime may then run the call as a view; see
+        ``RuntimeExecutor.reshape_only``)."""
+        if len(self.inputs) != 1 or len(self.outputs) != 1 or len(self.steps) != 1 or self.n_args != 1:
+            return False
+        (i, in_dims), (o, out_dims) = self.inputs[0], self.outputs[0]
+        step = self.steps[0]
+        if not isinstance(step, HostStep) or not step.segment.reshape_only:
+            return False
+        size = 1
+        for d in in_dims:
+            size *= d
+        total = 1
+        for d in out_dims:
+            total *= d
+        return size == total and step.segment.io == ([i], [o])
+
 
 def _no_build(dims: dict[int, tuple[int, ...]]) -> tuple[list, dict]:
     raise AssertionError("a specializer of capacity 0 builds nothing")
