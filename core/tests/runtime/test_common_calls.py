@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import edgeport  # noqa: E402
 import edgeport.runtime._method as method_module  # noqa: E402
 from edgeport.runtime import Runtime  # noqa: E402
-from edgeport.runtime._cse import reuse_result  # noqa: E402
+from edgeport.runtime._cse import reuse_alias, reuse_result  # noqa: E402
 
 
 class Masks(torch.nn.Module):
@@ -50,7 +50,38 @@ def _load(pte: bytes, reuse: bool):
 
 
 def _reused_ops(method) -> int:
-    return sum(fn is reuse_result for chain in method._plan.chains for fn, _, _ in chain[0])
+    return sum(fn is reuse_result or fn is reuse_alias for chain in method._plan.chains for fn, _, _ in chain[0])
+
+
+def test_reused_results_bound_as_aliases_match_copies_in_a_decoder(monkeypatch):
+    """A Hugging Face decoder (static KV cache, XNNPACK): reused calls whose earlier result stays intact until
+    their value's last read take it as is (no copy); prefill and decode logits equal those of a load that copies
+    every reused result, and the tokens equal eager's."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("edgeport_xnnpack")
+    from edgeport.llm import export_decoder
+    from edgeport.testing.decoders import DECODERS, greedy_reference
+
+    model = DECODERS["llama"](seed=1, size="small")
+    pte = export_decoder(model, max_seq_len=8, max_context_len=32).manager.buffer
+    aliased = Runtime.get().load_program(pte).load_method("forward")
+    monkeypatch.setattr(method_module, "alias_reuses", lambda *a, **k: set())
+    copied = Runtime.get().load_program(pte).load_method("forward")
+    n_alias = sum(fn is reuse_alias for fn, _, _ in aliased._plan.chains[0][0])
+    assert n_alias > 0 and not any(fn is reuse_alias for fn, _, _ in copied._plan.chains[0][0])
+    assert _reused_ops(aliased) == _reused_ops(copied) == aliased.profile.reused_calls
+    prompt, tokens = [3, 14, 15, 92, 6], []
+    for m in (aliased, copied):
+        out = m.execute([np.array([prompt], dtype=np.int64), np.arange(len(prompt), dtype=np.int64)])[0]
+        got = [out]
+        for i in range(10):
+            tok = int(np.argmax(got[-1].reshape(-1, got[-1].shape[-1])[-1]))
+            got.append(m.execute([np.array([[tok]], dtype=np.int64), np.array([len(prompt) + i], dtype=np.int64)])[0])
+        tokens.append(got)
+    for a, b in zip(*tokens, strict=True):
+        np.testing.assert_array_equal(a, b)
+    want = greedy_reference(model, prompt, 10, max_context_len=32)
+    assert [int(np.argmax(x.reshape(-1, x.shape[-1])[-1])) for x in tokens[0][:10]] == want
 
 
 def test_repeated_masks_are_reused_and_outputs_match_eager():

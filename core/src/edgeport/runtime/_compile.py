@@ -18,7 +18,7 @@ import numpy as np
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport.program import schema as S
-from edgeport.runtime._cse import reuse_result
+from edgeport.runtime._cse import reuse_alias, reuse_result
 from edgeport.runtime._delegates import Delegate
 from edgeport.runtime._fuse import FILL
 from edgeport.runtime._instructions import InstructionAnalysis
@@ -122,6 +122,16 @@ class ChainCompiler:
                     self.kernel_ops += 1
                     continue
                 source = self.analysis.reused.get((ci, ii))
+                if source is not None and (ci, ii) in self.analysis.aliased:
+                    # the earlier identical call's result itself is this call's value (runtime._cse.alias_reuses)
+                    out_idx = params[outs[0]]
+
+                    def bind(vals, res, out_idx=out_idx):
+                        vals[out_idx] = res
+
+                    ops.append((reuse_alias, getter([source]), bind))
+                    labels.append(label)
+                    continue
                 if source is not None and arg_slots[outs[0]] != layout.none_slot:
                     # an earlier identical call's result is in ``source`` (runtime._cse): copy it
                     ops.append((reuse_result, getter([source, arg_slots[outs[0]]]), post))

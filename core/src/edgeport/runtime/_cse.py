@@ -1,6 +1,7 @@
 """Common kernel calls at load: a pure kernel call whose inputs hold the same contents as those of an earlier
 call of the same kernel (e.g. the attention mask or positions a Hugging Face decoder recomputes in every layer
-from the cache position) is not run again: its out argument gets a copy of the earlier result.
+from the cache position) is not run again: its out argument gets a copy of the earlier result, or, where that
+result stays intact until the value's last read (:func:`alias_reuses`), its slot holds the earlier result itself.
 
 Contents are tracked by value numbering over the method's instructions, in order: every value starts with an
 identity of its own (a constant, a method input, a literal scalar by its value); a kernel call's result gets the
@@ -23,7 +24,7 @@ from edgeport.runtime._instructions import InstructionAnalysis, KernelCallInfo
 from edgeport.runtime._values import MethodValues
 from edgeport.runtime.kernel_utils import resize
 
-__all__ = ["common_calls", "reuse_result"]
+__all__ = ["alias_reuses", "common_calls", "reuse_alias", "reuse_result"]
 
 
 def reuse_result(src: Any, out: np.ndarray) -> np.ndarray:
@@ -171,3 +172,102 @@ def _call_key(mv: MethodValues, call: KernelCallInfo, value_id: Any) -> tuple | 
                 and mv.kinds[idx] is S.Tensor and not mv.specs[idx].dynamic
                 else value_id(idx) for pos, idx in enumerate(call.params))
     return (call.entry.fn, ins, layout)
+
+
+def reuse_alias(src: Any) -> Any:
+    """The kernel of a reused call whose out slot is bound to the earlier result itself (see :func:`alias_reuses`)."""
+    return src
+
+
+def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
+                 delegates: Sequence[Any] = ()) -> set[tuple[int, int]]:
+    """The reused calls (``analysis.reused``) whose out slot can hold the earlier result itself instead of a copy:
+    the out tensor is planned, only this call writes it, it is no method output, list item or state, no elided view
+    overlaps its memory, every read of it comes later in the same chain, and from the call up to the last of those
+    reads nothing writes the earlier result's planned memory (nor any tensor outside planned memory)."""
+    if not analysis.reused:
+        return set()
+    kinds, specs = mv.kinds, mv.specs
+    n_out: dict[int, int] = {}
+    for di, d in enumerate(delegates):
+        declared = getattr(d.executor, "num_outputs", None)
+        if getattr(d, "kind", "") == "backend" and callable(declared):
+            try:
+                n_out[di] = int(declared(d.handle))
+            except Exception:  # noqa: BLE001,S112 - unknown: every argument counts as written
+                continue
+    reads: dict[tuple[int, int], set[int]] = {}  # what each operation that runs reads and writes
+    writes: dict[tuple[int, int], set[int]] = {}
+    for ci, chain in enumerate(plan.chains):
+        for ii, instr in enumerate(chain.instructions):
+            a, call, at = instr.instr_args, analysis.chains[ci][ii], (ci, ii)
+            r: set[int] = set()
+            w: set[int] = set()
+            if call is not None:
+                if call.folded or at in analysis.fused_away:
+                    continue
+                if at in analysis.fused:
+                    r.update(t for v in analysis.fused[at][1] if v >= 0 for t in mv.tensor_items(v))
+                elif at in analysis.reused:
+                    r.add(analysis.reused[at])
+                else:
+                    for pos, idx in enumerate(call.params):
+                        if pos not in call.outs or pos in call.mut:
+                            r.update(mv.tensor_items(idx))
+                for pos in (*call.outs, *call.mut):
+                    w.update(mv.tensor_items(call.params[pos]))
+                for idx in call.rets:
+                    w.update(mv.tensor_items(idx))
+            elif type(a) is S.DelegateCall:
+                if at in analysis.folded_delegates:
+                    continue
+                args, k = list(a.args), n_out.get(a.delegate_index)
+                if at in analysis.viewed_delegates:
+                    r.add(analysis.viewed_delegates[at][0])
+                for j, idx in enumerate(args):
+                    r.update(mv.tensor_items(idx))
+                    if k is None or j >= len(args) - k:
+                        w.update(mv.tensor_items(idx))
+            elif type(a) is S.MoveCall:
+                r.update(mv.tensor_items(a.move_from))
+                w.update(mv.tensor_items(a.move_to))
+            elif type(a) is S.JumpFalseCall:  # pragma: no cover - common_calls skips methods with jumps
+                return set()
+            reads[at], writes[at] = r, w
+    writers: dict[int, set[tuple[int, int]]] = {}
+    for at, w in writes.items():
+        for t in w:
+            writers.setdefault(t, set()).add(at)
+    listed = {j for i, k in enumerate(kinds) if k in (S.TensorList, S.OptionalTensorList) for j in mv.tensor_items(i)}
+    never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
+                     and i not in writers and i not in plan.inputs]
+    viewed_outs = {o for _, o in analysis.viewed_delegates.values()}
+    viewed_ins = {i for i, _ in analysis.viewed_delegates.values()}  # viewed once per context: never rebound
+    protected = set(plan.outputs) | listed | analysis.state_tensors | viewed_outs | viewed_ins | set(plan.inputs)
+
+    def overlaps(a: Any, b: Any) -> bool:
+        return a.mem_id == b.mem_id and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+
+    found: set[tuple[int, int]] = set()
+    for (ci, ii), src in analysis.reused.items():
+        call = analysis.chains[ci][ii]
+        out = call.params[call.outs[0]]
+        s_out, s_src = specs.get(out), specs.get(src)
+        if kinds[out] is not S.Tensor or out in protected or call.rets not in ([], [out]) or s_out is None \
+                or not s_out.mem_id or s_src is None or not s_src.mem_id or s_src.constant is not None:
+            continue
+        if writers.get(out) != {(ci, ii)} or any(overlaps(s_out, o) for o in never_written):
+            continue
+        readers = [at for at, r in reads.items() if out in r and at != (ci, ii)]
+        if not readers or any(c != ci or j <= ii for c, j in readers):
+            continue
+        last = max(j for _, j in readers)
+        clobbered = False
+        for j in range(ii + 1, last + 1):
+            for t in writes.get((ci, j), ()):
+                st = specs.get(t)
+                if t == src or st is None or not st.mem_id or overlaps(st, s_src):
+                    clobbered = True
+        if not clobbered:
+            found.add((ci, ii))
+    return found

@@ -72,6 +72,8 @@ class InstructionAnalysis:
     reused: dict[tuple[int, int], int] = field(default_factory=dict)
     #: (chain, instruction) of a ``where`` standing for a fused group (runtime._fuse) -> (op, argument values)
     fused: dict[tuple[int, int], tuple[Any, list[int]]] = field(default_factory=dict)
+    #: reused calls whose out slot is bound to the earlier result instead of a copy of it (runtime._cse)
+    aliased: set[tuple[int, int]] = field(default_factory=set)
     #: (chain, instruction) of the other calls of fused groups (not run)
     fused_away: set[tuple[int, int]] = field(default_factory=set)
     #: (chain, instruction) of delegate calls that only reshape, run as views (runtime._views) -> (input, output)

@@ -14,7 +14,7 @@ from typing import Any
 from edgeport.errors import ProgramError
 from edgeport.program import schema as S
 from edgeport.runtime._compile import ChainCompiler, CompiledChain
-from edgeport.runtime._cse import common_calls
+from edgeport.runtime._cse import alias_reuses, common_calls
 from edgeport.runtime._delegates import Delegates
 from edgeport.runtime._execute import MethodRunner
 from edgeport.runtime._folding import fold_constants
@@ -78,6 +78,10 @@ class MethodPlan:
             self.profile.fused_calls = len(analysis.fused_away)
             analysis.reused = common_calls(mv, plan, analysis, self.static_template, self._delegates.items)
             self.profile.reused_calls = len(analysis.reused)
+            analysis.aliased = alias_reuses(mv, plan, analysis, self._delegates.items)
+            for ci, ii in analysis.aliased:  # their out slots now change during a run
+                call = analysis.chains[ci][ii]
+                analysis.rw.add(call.params[call.outs[0]])  # type: ignore[union-attr]
         self._layout = MemoryLayout(mv, self.static_template, analysis.viewed_delegates.values())
         compiler = ChainCompiler(mv, plan, analysis, self._layout, self._delegates.items)
         self.chains: list[CompiledChain] = compiler.compile()
