@@ -218,3 +218,31 @@ def test_index_put_of_position_runs_matches_fancy_indexing():
     for bad in (np.arange(126, 130), np.array([127, 128])):
         with pytest.raises(RuntimeExecutionError, match="index"):
             put(np.zeros((1, 2, 128, 4), np.float32), [None, None, bad], np.zeros((1, 2, bad.size, 4)), False)
+
+
+def test_expand_copy_with_kept_sizes_equals_numpy_broadcast():
+    """``-1`` entries (the attention mask of a dynamic-shape decoder) and new leading dims, into planned buffers
+    larger than the result (resized) or of its exact shape, against numpy's broadcast; bad sizes fail clearly."""
+    ex = K["aten::expand_copy.out"]
+    rng = np.random.default_rng(1)
+    cases = [((1, 1, 1, 128), (1, -1, 3, 128), (1, 1, 3, 128)), ((1, 1, 1, 128), (1, -1, 1, 128), (1, 1, 1, 128)),
+             ((2, 1), (4, 2, -1), (4, 2, 1)), ((3,), (2, 3), (2, 3)), ((1, 5), (-1, 5), (1, 5)), ((), (2, 2), (2, 2))]
+    for dtype in (np.float32, np.bool_, np.int64):
+        for src, size, want_shape in cases:
+            x = (rng.standard_normal(src) > 0).astype(dtype) if dtype is np.bool_ else \
+                rng.standard_normal(src).astype(dtype) * 10
+            for planned in (want_shape, tuple(n + 2 for n in want_shape)):
+                out = np.full(planned, 7, dtype)
+                for _ in range(2):  # the second call takes the cached shape
+                    got = ex(x, size, False, out)
+                    np.testing.assert_array_equal(got, np.broadcast_to(x, want_shape))
+                    assert got.shape == want_shape and np.shares_memory(got, out)
+    x = np.ones((1, 3), np.float32)
+    with pytest.raises(RuntimeExecutionError, match="fewer dims"):
+        ex(x, (3,), False, np.zeros((3,), np.float32))
+    with pytest.raises(RuntimeExecutionError, match="new leading"):
+        ex(x, (-1, 1, 3), False, np.zeros((1, 1, 3), np.float32))
+    with pytest.raises(ValueError):
+        ex(x, (2, 4), False, np.zeros((4, 4), np.float32))
+    with pytest.raises(RuntimeExecutionError, match="planned buffer"):
+        ex(x, (9, -1), False, np.zeros((2, 3), np.float32))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -136,17 +137,28 @@ def t_copy_out(self, out):
     return _copy_into(out, self.T)
 
 
+@lru_cache(maxsize=1024)
+def _expanded_shape(size: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ``expand(size)`` gives a tensor of ``shape``: -1 keeps the tensor's size (cached: a program's
+    shapes repeat every run)."""
+    lead = len(size) - len(shape)
+    if lead < 0:
+        raise RuntimeExecutionError(f"expand: size {list(size)} has fewer dims than the tensor ({len(shape)})")
+    if -1 in size[:lead]:
+        raise RuntimeExecutionError(f"expand: size {list(size)} gives -1 for a new leading dimension")
+    return size[:lead] + tuple(int(d if s == -1 else s) for s, d in zip(size[lead:], shape))
+
+
 @kernel("aten::expand_copy.out")
 def expand_copy_out(self, size, implicit, out):
     if out.shape == tuple(size) and out.ndim >= self.ndim and out.dtype == self.dtype:
         np.copyto(out, self)  # every size is given (no -1): the broadcast to it, or the same ValueError
         return out
-    size = [int(s) for s in size]
-    lead = len(size) - self.ndim
-    if lead < 0:
-        raise RuntimeExecutionError(f"expand: size {size} has fewer dims than the tensor ({self.ndim})")
-    shape = tuple(self.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
-    return _copy_into(out, np.broadcast_to(self, shape))
+    shape = _expanded_shape(tuple(size), self.shape)
+    if shape != out.shape:
+        out = resize(out, shape)
+    np.copyto(out, self, casting="unsafe")  # numpy broadcasting: expand's rules (ValueError when it cannot)
+    return out
 
 
 @kernel("aten::repeat.out")
