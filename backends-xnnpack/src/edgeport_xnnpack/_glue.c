@@ -12,6 +12,13 @@
  * The channel-shuffle kind moves ``element_size``-byte elements (4: ``..._nc_x32``, 1: ``..._nc_x8``; the
  * caller passes the matching setup function).
  *
+ * The operator kind drives any one-input, one-output operator set up as ``setup(op, batch, input, output, pool)``
+ * and run by ``xnn_run_operator`` (a float32 fully connected layer: ``xnn_setup_fully_connected_nc_f32``); its
+ * input and output may differ in size.  Several bindings may share one operator (one packed filter, set up at
+ * each binding's own batch size and buffers): they then share a ``shared`` cell (a bytearray of 16 bytes) in which
+ * the binding that last set the operator up leaves its mark, so a binding whose setup another one replaced sets
+ * up again; the second word marks the operator as running, refusing overlapping calls through any of them.
+ *
  * The library functions are passed in as addresses (from the ctypes handles edgeport_xnnpack.native opened),
  * so this module links against nothing but libc.  Status codes are turned into exceptions by the ``check``
  * callable the caller supplies (``check(call_name, status)`` raises).  The pure-Python path in
@@ -34,7 +41,8 @@ typedef int (*invoke_runtime_fn)(void *);
 typedef int (*setup_shuffle_fn)(void *, size_t, const void *, void *, void *);
 typedef int (*run_operator_fn)(void *, void *);
 
-enum { KIND_RUNTIME = 0, KIND_SHUFFLE = 1 };
+enum { KIND_RUNTIME = 0, KIND_SHUFFLE = 1, KIND_OPERATOR = 2 };
+#define SHARED_BYTES (2 * sizeof(uintptr_t)) /* the shared cell: [binding that set up last, busy] */
 #define MAX_SLOTS 4096
 #define MAX_EXTRA (1 << 20) /* bytes XNNPACK may read past an input; keeps size and address sums far from overflow */
 
@@ -65,7 +73,21 @@ typedef struct {
     long long setup_ns; /* wall time inside the library's setup calls, summed */
     long long run_ns;   /* wall time inside the library's invoke / run calls, summed */
     PyObject *check;
+    PyObject *shared; /* operator kind: a bytearray shared by the bindings of one operator, or NULL */
 } Binding;
+
+/* The shared cell's two words, or NULL when there is no cell or someone shrank the bytearray (checked per use). */
+static uintptr_t *shared_words(Binding *self) {
+    if (self->shared == NULL || PyByteArray_GET_SIZE(self->shared) < (Py_ssize_t)SHARED_BYTES) return NULL;
+    return (uintptr_t *)PyByteArray_AS_STRING(self->shared);
+}
+
+/* Forget this binding's mark in the shared cell (it is closed or freed: another binding allocated at the same
+ * address must not take the operator's setup for its own). */
+static void shared_forget(Binding *self) {
+    uintptr_t *w = shared_words(self);
+    if (w != NULL && w[0] == (uintptr_t)self) w[0] = 0;
+}
 
 static void binding_free_memory(Binding *self) {
     if (self->stage) {
@@ -96,11 +118,14 @@ static void binding_free_memory(Binding *self) {
 
 static int Binding_traverse(Binding *self, visitproc visit, void *arg) {
     Py_VISIT(self->check);
+    Py_VISIT(self->shared);
     return 0;
 }
 
 static int Binding_clear(Binding *self) {
     Py_CLEAR(self->check);
+    shared_forget(self);
+    Py_CLEAR(self->shared);
     return 0;
 }
 
@@ -108,6 +133,8 @@ static void Binding_dealloc(Binding *self) {
     PyObject_GC_UnTrack(self);
     binding_free_memory(self);
     Py_CLEAR(self->check);
+    shared_forget(self);
+    Py_CLEAR(self->shared);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -202,19 +229,26 @@ static int matches_expect(Binding *self, Py_ssize_t i, const Py_buffer *v) {
 
 static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"kind", "handle", "setup", "run", "ids", "nbytes", "outputs", "extra", "page",
-                             "check", "pool", "batch", "element_size", NULL};
+                             "check", "pool", "batch", "element_size", "shared", NULL};
     int kind;
-    PyObject *handle, *setup, *run, *ids, *nbytes, *outputs, *check, *pool = Py_None;
+    PyObject *handle, *setup, *run, *ids, *nbytes, *outputs, *check, *pool = Py_None, *shared = Py_None;
     Py_ssize_t extra, page, batch = 0, element_size = 4;
     if (self->ext != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Binding is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOnnO|On$n", kwlist, &kind, &handle, &setup, &run, &ids,
-                                     &nbytes, &outputs, &extra, &page, &check, &pool, &batch, &element_size))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOOnnO|On$nO", kwlist, &kind, &handle, &setup, &run, &ids,
+                                     &nbytes, &outputs, &extra, &page, &check, &pool, &batch, &element_size,
+                                     &shared))
         return -1;
-    if (kind != KIND_RUNTIME && kind != KIND_SHUFFLE) {
-        PyErr_SetString(PyExc_ValueError, "kind must be 0 (runtime) or 1 (channel shuffle)");
+    if (kind != KIND_RUNTIME && kind != KIND_SHUFFLE && kind != KIND_OPERATOR) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 0 (runtime), 1 (channel shuffle) or 2 (operator)");
+        return -1;
+    }
+    if (shared != Py_None && (kind != KIND_OPERATOR || !PyByteArray_CheckExact(shared) ||
+                              PyByteArray_GET_SIZE(shared) < (Py_ssize_t)SHARED_BYTES)) {
+        PyErr_Format(PyExc_ValueError, "shared must be None or, for an operator, a bytearray of %d bytes",
+                     (int)SHARED_BYTES);
         return -1;
     }
     if (!PyCallable_Check(check)) {
@@ -260,7 +294,7 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "ids, nbytes and outputs must have the same length");
         goto done;
     }
-    if (n < 0 || n > MAX_SLOTS || (kind == KIND_SHUFFLE && n != 2)) {
+    if (n < 0 || n > MAX_SLOTS || (kind != KIND_RUNTIME && n != 2)) {
         PyErr_Format(PyExc_ValueError, "bad number of external values: %zd", n);
         goto done;
     }
@@ -301,6 +335,11 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
                         "a channel shuffle binds an input and an output of the same size in whole elements");
         goto done;
     }
+    if (kind == KIND_OPERATOR && (nbs[0] % element_size != 0 || nbs[1] % element_size != 0 || is_output[0] ||
+                                  !is_output[1])) {
+        PyErr_SetString(PyExc_ValueError, "an operator binds an input and an output, in whole elements");
+        goto done;
+    }
     if (self->ext != NULL) { /* initialized meanwhile by code the conversions ran */
         PyErr_SetString(PyExc_RuntimeError, "Binding is already initialized");
         goto done;
@@ -328,6 +367,10 @@ static int Binding_init(Binding *self, PyObject *args, PyObject *kwds) {
     self->busy = 0;
     Py_INCREF(check);
     Py_XSETREF(self->check, check);
+    if (shared != Py_None) {
+        Py_INCREF(shared);
+        Py_XSETREF(self->shared, shared);
+    }
     ok = 1;
 done:
     Py_XDECREF(ids_f);
@@ -359,7 +402,7 @@ static int near_page_end(const char *p, size_t nbytes, size_t extra, size_t page
 }
 
 static void slot_name(Binding *self, Py_ssize_t i, char *name, size_t size) {
-    if (self->kind == KIND_SHUFFLE)
+    if (self->kind != KIND_RUNTIME)
         snprintf(name, size, "%s", i == 0 ? "input" : "output");
     else
         snprintf(name, size, "%u", (unsigned)self->ext[i].id);
@@ -389,8 +432,10 @@ static void bad_buffer(Binding *self, Py_ssize_t i, PyObject *obj) {
     else if (len != self->nbytes[i])
         PyErr_Format(PyExc_ValueError, "external value %s needs a C-contiguous array of %zd bytes, got %zd", name,
                      self->nbytes[i], len);
-    else if (self->kind == KIND_SHUFFLE && itemsize != self->element_size)
-        PyErr_Format(PyExc_ValueError, "channel shuffle moves %d-bit elements", (int)self->element_size * 8);
+    else if (self->kind != KIND_RUNTIME && itemsize != self->element_size)
+        PyErr_Format(PyExc_ValueError, "%s %d-bit elements",
+                     self->kind == KIND_SHUFFLE ? "channel shuffle moves" : "the operator takes",
+                     (int)self->element_size * 8);
     else if (self->is_output[i])
         PyErr_Format(PyExc_ValueError, "external output %s is read-only", name);
     else /* the export failed the first time only (an exporter that changed its mind) */
@@ -438,6 +483,20 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
         return NULL;
     }
     int changed = !self->valid, failed = 0;
+    uintptr_t *shared = NULL;
+    if (self->shared != NULL) {
+        shared = shared_words(self);
+        if (shared == NULL || shared[1]) {
+            PyErr_SetString(shared == NULL ? PyExc_ValueError : PyExc_RuntimeError,
+                            shared == NULL ? "the shared cell was resized"
+                                           : "this XNNPACK operator is already running (calls must not overlap)");
+            Py_DECREF(seq);
+            self->busy = 0;
+            return NULL;
+        }
+        shared[1] = 1; /* until the end of this call: no other binding of the operator starts one */
+        if (shared[0] != (uintptr_t)self) changed = 1; /* another binding set the operator up since */
+    }
     for (Py_ssize_t i = 0; i < n; i++, got++) {
         PyObject *item = PyTuple_GET_ITEM(seq, i);
         Py_buffer *v = &self->views[i];
@@ -453,7 +512,7 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             failed = 1;
             break;
         }
-        if (v->len != self->nbytes[i] || (self->kind == KIND_SHUFFLE && v->itemsize != self->element_size) ||
+        if (v->len != self->nbytes[i] || (self->kind != KIND_RUNTIME && v->itemsize != self->element_size) ||
             (self->is_output[i] && v->readonly) || (v->len > 0 && v->buf == NULL) ||
             !PyBuffer_IsContiguous(v, 'C') || !matches_expect(self, i, v)) {
             PyBuffer_Release(v);
@@ -505,11 +564,12 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             }
         }
     }
-    if (!failed && changed && self->kind == KIND_SHUFFLE) {
+    if (!failed && changed && self->kind != KIND_RUNTIME) {
         uintptr_t a = (uintptr_t)self->views[0].buf, b = (uintptr_t)self->views[1].buf;
         size_t la = (size_t)self->views[0].len, lb = (size_t)self->views[1].len;
         if (la && lb && a < b + lb && b < a + la) {
-            PyErr_SetString(PyExc_ValueError, "channel shuffle input and output overlap");
+            PyErr_SetString(PyExc_ValueError, self->kind == KIND_SHUFFLE ? "channel shuffle input and output overlap"
+                                                                         : "operator input and output overlap");
             failed = 1;
         }
     }
@@ -518,8 +578,10 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             self->valid = 0;
             for (Py_ssize_t i = 0; i < n; i++) self->ext[i].data = self->next[i]; /* every check passed */
             call = self->kind == KIND_RUNTIME       ? "xnn_setup_runtime"
+                   : self->kind == KIND_OPERATOR    ? "xnn_setup_fully_connected_nc_f32"
                    : self->element_size == 1        ? "xnn_setup_channel_shuffle_nc_x8"
                                                     : "xnn_setup_channel_shuffle_nc_x32";
+            if (shared != NULL) shared[0] = 0; /* the operator's setup is nobody's until this one succeeds */
             long long t0 = now_ns();
             if (self->kind == KIND_RUNTIME)
                 status = ((setup_runtime_fn)self->setup_fn)(self->handle, (size_t)n, self->ext);
@@ -530,6 +592,7 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             if (status == 0) {
                 self->valid = 1;
                 self->setups++;
+                if (shared != NULL) shared[0] = (uintptr_t)self;
             }
         }
         if (status == 0) {
@@ -547,6 +610,7 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
     }
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&self->views[i]);
     /* a refused call changed nothing: ext still holds the pointers of the last successful setup */
+    if (shared != NULL) shared[1] = 0; /* (the cell is referenced by self: still there) */
     Py_DECREF(seq);
     self->busy = 0;
     if (failed) return NULL;
@@ -565,6 +629,7 @@ static PyObject *Binding_close(Binding *self, PyObject *Py_UNUSED(ignored)) {
     }
     self->handle = NULL;
     self->valid = 0;
+    shared_forget(self);
     Py_RETURN_NONE;
 }
 
@@ -642,7 +707,8 @@ PyMODINIT_FUNC PyInit__glue(void) {
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "KIND_RUNTIME", KIND_RUNTIME) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_SHUFFLE", KIND_SHUFFLE) < 0) {
+        PyModule_AddIntConstant(m, "KIND_SHUFFLE", KIND_SHUFFLE) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_OPERATOR", KIND_OPERATOR) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,9 +1,10 @@
 """Which side runs each blob node, and in which order (torch-free).
 
-Every node gets a side: ``N`` (inside a native XNNPACK runtime), ``H`` (a numpy host segment) or ``S`` (the
+Every node gets a side: ``N`` (inside a native XNNPACK runtime), ``H`` (a numpy host segment), ``S`` (the
 library's channel-shuffle *operator*, for 2-D transposes of float32 elements, and of int8 elements that keep their
-quantization when the library has the 8-bit operator). Nodes this libXNNPACK cannot
-define are ``H``; the others are ``N``, except flexible ones placed where they are cheapest:
+quantization when the library has the 8-bit operator) or ``F`` (a float32 fully connected node on the library's
+fully connected *operator*, packed once and shared by every specialization: see ``_fc_ops``). Nodes this
+libXNNPACK cannot define are ``H``; the others are ``N``, except flexible ones placed where they are cheapest:
 
 - *views* (reshapes, copies, transposes that only move size-1 dims) go to the host, where they are free numpy
   views, unless they take a natively produced (or external) value to a native consumer;
@@ -14,7 +15,8 @@ define are ``H``; the others are ``N``, except flexible ones placed where they a
   copied by numpy's slow strided loop).
 
 Then the nodes are list-scheduled (dependencies respected, blob order as tie-break) staying on one side as
-long as a node of that side is ready, so each side's nodes cluster into few, long steps.
+long as a node of that side is ready, so each side's nodes cluster into few, long steps (``S`` and ``F`` nodes are one
+step each).
 """
 
 from __future__ import annotations
@@ -93,26 +95,30 @@ def shuffle_element_size(vi: TensorValue, vo: TensorValue) -> int | None:
 
 @dataclass
 class Placement:
-    sides: list[str]   # per node: "N", "H" or "S"
+    sides: list[str]   # per node: "N", "H", "S" or "F"
     views: set[int]    # node indices that are views
     shuffles: dict[int, tuple[int, int, int]]  # node index -> channel-shuffle dims (side "S" only)
 
 
 def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, TensorValue],
           dims: dict[int, tuple[int, ...]], const: set[int], operators: bool,
-          operators_x8: bool = False, gemm: frozenset[int] = frozenset()) -> Placement:
+          operators_x8: bool = False, gemm: frozenset[int] = frozenset(),
+          fc: frozenset[int] = frozenset(), io: Sequence[tuple[list[int], list[int]]] | None = None) -> Placement:
     """Choose each node's side (see the module docstring). ``operators`` / ``operators_x8``: the library has the
     32-bit / 8-bit channel-shuffle operator; ``gemm``: indices of (non-native) nodes that run as host matrix
-    products on contiguous memory."""
+    products on contiguous memory; ``fc``: indices of (native) fully connected nodes that run on the shared
+    fully connected operator; ``io``: each node's ``(inputs(), outputs())`` when the caller has them."""
+    if io is None:
+        io = [(n.inputs(), n.outputs()) for n in nodes]
     sizes = {4} if operators else set()
     if operators_x8:
         sizes.add(1)
     producer: dict[int, int] = {}
     consumers: dict[int, list[int]] = {}
-    for i, n in enumerate(nodes):
-        for o in n.outputs():
+    for i, (ins, outs) in enumerate(io):
+        for o in outs:
             producer[o] = i
-        for v in set(n.inputs()):
+        for v in set(ins):
             consumers.setdefault(v, []).append(i)
     sides: list[str] = []
     views: set[int] = set()
@@ -125,9 +131,9 @@ def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, Tens
         elif nat and n.kind == "XNNMultiply" and _scalar_operand(n, values, dims, const):
             flex_mul.add(i)
         elif n.kind == "XNNStaticTranspose" and n.get("input_id") not in const \
-                and shuffle_element_size(values[n.get("input_id")], values[n.outputs()[0]]) in sizes:
+                and shuffle_element_size(values[n.get("input_id")], values[io[i][1][0]]) in sizes:
             shape, perm = dims[n.get("input_id")], [int(a) for a in n.get("perm")]
-            sd = shuffle_dims(shape, perm) if valid_perm(shape, perm, dims[n.outputs()[0]]) else None
+            sd = shuffle_dims(shape, perm) if valid_perm(shape, perm, dims[io[i][1][0]]) else None
             if sd is not None:
                 shuffle[i] = sd
         sides.append("N" if nat else "G" if i in gemm else "H")  # "G": host, but not a view-friendly one
@@ -135,25 +141,26 @@ def place(nodes: Sequence[XNode], native: Sequence[bool], values: dict[int, Tens
         sides[i] = "H"
     for i in shuffle:
         sides[i] = "S"
+    for i in fc:
+        sides[i] = "F"
 
     def src(v: int) -> str:  # side that produces v's data, through views ("X": input or constant)
         while v in producer and producer[v] in views:
-            v = nodes[producer[v]].inputs()[0]
+            v = io[producer[v]][0][0]
         return sides[producer[v]] if v in producer else "X"
 
     def users(v: int) -> set[str]:  # sides of the non-view nodes that read v, through views
         out: set[str] = set()
         for c in consumers.get(v, ()):
-            out |= users(nodes[c].outputs()[0]) if c in views else {sides[c]}
+            out |= users(io[c][1][0]) if c in views else {sides[c]}
         return out
 
     for _ in range(8):
         changed = False
         for i in sorted(views | flex_mul | set(shuffle)):
-            n = nodes[i]
-            data_in = [v for v in n.inputs() if v not in const]
+            data_in = [v for v in io[i][0] if v not in const]
             s_in = src(data_in[0]) if data_in else "X"
-            s_out = users(n.outputs()[0])
+            s_out = users(io[i][1][0])
             if i in views:
                 new = "N" if s_in in ("N", "X") and "N" in s_out else "H"
             elif i in flex_mul:
@@ -176,17 +183,21 @@ def _scalar_operand(n: XNode, values: dict[int, TensorValue], dims: dict[int, tu
                                     for v in (a, b, n.get("output_id")))
 
 
-def schedule(nodes: Sequence[XNode], sides: Sequence[str]) -> list[tuple[str, list[int]]]:
+def schedule(nodes: Sequence[XNode], sides: Sequence[str],
+             io: Sequence[tuple[list[int], list[int]]] | None = None) -> list[tuple[str, list[int]]]:
     """Group node indices into steps ``(side, [node indices])`` in a dependency-respecting order that stays on
-    one side while it can (``S`` nodes are one step each)."""
-    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs()}
-    deps = [{producer[v] for v in n.inputs() if v in producer} for n in nodes]
+    one side while it can (``S`` and ``F`` nodes are one step each); ``io``: each node's ``(inputs(), outputs())``
+    when the caller has them."""
+    if io is None:
+        io = [(n.inputs(), n.outputs()) for n in nodes]
+    producer = {o: i for i, (_, outs) in enumerate(io) for o in outs}
+    deps = [{producer[v] for v in ins if v in producer} for ins, _ in io]
     users: list[list[int]] = [[] for _ in nodes]
     for i, d in enumerate(deps):
         for j in d:
             users[j].append(i)
     waiting = [len(d) for d in deps]
-    ready: dict[str, list[int]] = {"N": [], "H": [], "S": []}
+    ready: dict[str, list[int]] = {"N": [], "H": [], "S": [], "F": []}
     for i, w in enumerate(waiting):
         if w == 0:
             heapq.heappush(ready[sides[i]], i)

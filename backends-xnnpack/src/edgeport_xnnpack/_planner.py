@@ -1,6 +1,8 @@
 """The planning half of :func:`edgeport_xnnpack.runtime.load`: ``_Planner`` checks a blob's values and nodes
-and turns them into steps (native XNNPACK runtimes, numpy host segments, channel shuffles) with the buffers that
-cross them; ``plan`` runs again at other dims for a specialization (:mod:`edgeport_xnnpack._specialize`)."""
+and turns them into steps (native XNNPACK runtimes, numpy host segments, channel shuffles, fully connected
+operators) with the buffers that cross them; ``plan`` runs again at other dims for a specialization
+(:mod:`edgeport_xnnpack._specialize`), reusing the fully connected operators packed by the first plan
+(:mod:`edgeport_xnnpack._fc_ops`); ``close_shared`` deletes them."""
 
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from edgeport_xnnpack import native
 from edgeport_xnnpack._constants import NP_DTYPES as _NP
 from edgeport_xnnpack._constants import NamedData, group_scales, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
+from edgeport_xnnpack._fc_ops import FullyConnected, FullyConnectedStep, PackedFullyConnected, fc_operands, packed_for
 from edgeport_xnnpack._dynamic_quant import (
     DYNAMIC_ROWS,
     QD8,
@@ -67,6 +70,18 @@ class Planner:
         self.products: frozenset[str] = frozenset()  # kinds of matrix products run on the host (_host_gemm)
         self.pool: native.ThreadPool | None = None
         self.event_ids = node_event_ids(graph)  # a step running one blob node: its id in ExecuTorch's profile
+        self.fc_operators = False  # float32 fully connected nodes on shared operators (set by load; see _fc_ops)
+        self.fc_packed: dict[int, PackedFullyConnected] = {}  # output value id -> the node's packed operator
+        # what every plan derives from the nodes alone (shape-independent; the nodes no longer change once
+        # load's rewrites are done, before the first plan): each node's inputs and outputs, why a kind is not native
+        self._io: list[tuple[list[int], list[int]]] | None = None
+        self._kind_why: dict[tuple[int, str], str | None] = {}
+
+    def close_shared(self) -> None:
+        """Delete the packed fully connected operators (and close every plan's runs of them)."""
+        for packed in self.fc_packed.values():
+            packed.close()
+        self.fc_packed.clear()
 
     # -- checks ----------------------------------------------------------------------------------------------
     def check_values(self) -> tuple[list[int], list[int]]:
@@ -137,10 +152,17 @@ class Planner:
                 raise fail(f"external output value {vid} is produced by no node")
 
     # -- planning ---------------------------------------------------------------------------------------------
-    def native_ok(self, n: XNode) -> bool:
+    def native_ok(self, n: XNode, i: int = -1) -> bool:
+        """Whether node ``n`` (the ``i``-th of the blob, or -1) runs natively at the current dims."""
         if QD8 in n.fields:
             return False  # a dynamically quantized fully connected on the host kernel (_host_qd8)
-        why = native_kind_ok(n, lambda vid: vid in self.const, self.lib)
+        key = (i, n.kind)
+        if i < 0 or key not in self._kind_why:
+            why = native_kind_ok(n, lambda vid: vid in self.const, self.lib)
+            if i >= 0:
+                self._kind_why[key] = why
+        else:
+            why = self._kind_why[key]
         if why is None:
             why = check_static_ids(n, lambda vid: vid in self.const) or check_native(n, self.dims.__getitem__)
             if why is not None:
@@ -158,33 +180,43 @@ class Planner:
         return XNode("XNNStaticReshape", {"num_dims": len(self.dims[o]), "new_shape": list(self.dims[o]),
                                           "input_id": i, "output_id": o, "flags": 0})
 
+    def node_io(self) -> list[tuple[list[int], list[int]]]:
+        """Each blob node's ``(inputs(), outputs())``, computed once (a view planned as a reshape keeps them)."""
+        if self._io is None:
+            self._io = [(n.inputs(), n.outputs()) for n in self.g.nodes]
+        return self._io
+
     def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
         nodes = [self._as_reshape(n) for n in self.g.nodes]
+        io = self.node_io()
         self.pool = pool
         const = set(self.const)
         gemm = frozenset(i for i, n in enumerate(nodes)
                          if wants_host(n, self.values, self.dims, const, self.products))
-        nat = [self.native_ok(n) and i not in gemm for i, n in enumerate(nodes)]
-        placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm)
-        groups = schedule(nodes, placed.sides)
+        nat = [self.native_ok(n, i) and i not in gemm for i, n in enumerate(nodes)]
+        fc = frozenset(i for i, n in enumerate(nodes) if nat[i] and self.fc_operators and
+                       fc_operands(n, self.values, self.dims, const) is not None)
+        placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm,
+                       fc, io)
+        groups = schedule(nodes, placed.sides, io)
         producer: dict[int, int] = {}
         for gi, (_, idx) in enumerate(groups):
             for j in idx:
-                for o in nodes[j].outputs():
+                for o in io[j][1]:
                     producer[o] = gi
         crossing: set[int] = set(outputs)
         host_const: set[int] = set()
         for gi, (side, idx) in enumerate(groups):
             for j in idx:
-                held = QD8 in nodes[j].fields or (
+                held = side == "F" or QD8 in nodes[j].fields or (
                     j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products))
-                for vid in nodes[j].inputs()[:1] if held else nodes[j].inputs():  # a packed filter is its own
+                for vid in io[j][0][:1] if held else io[j][0]:  # a packed filter is its own
                     if vid in producer and producer[vid] != gi:
                         crossing.add(vid)
                     if side != "N" and vid in self.const:
                         host_const.add(vid)
-                if side == "S":
-                    crossing.update(nodes[j].outputs())
+                if side in ("S", "F"):
+                    crossing.update(io[j][1])
         buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
         for vid in sorted(crossing - set(outputs) - set(buffers)):
             buffers[vid] = native.padded_empty(self.dims[vid], _NP[self.values[vid].datatype])
@@ -194,9 +226,11 @@ class Planner:
             for gi, (side, idx) in enumerate(groups):
                 group = [nodes[j] for j in idx]
                 if side == "N":
-                    steps.append(self._segment(gi, group, external, pool))
+                    steps.append(self._segment(gi, group, [io[j] for j in idx], external, pool))
                 elif side == "S":
                     steps.append(self._shuffle(group[0], placed.shuffles[idx[0]], pool))
+                elif side == "F":
+                    steps.append(self._fully_connected(group[0], pool))
                 else:
                     steps.append(self._host(group, external))
                 steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
@@ -207,7 +241,7 @@ class Planner:
                 if isinstance(step, NativeStep):
                     step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
                                       if v in buffers})
-                elif isinstance(step, ShuffleStep):
+                elif isinstance(step, (ShuffleStep, FullyConnectedStep)):
                     step.op.pin(buffers.get(step.src), buffers.get(step.dst))
         except BaseException as exc:
             for step in steps:
@@ -241,17 +275,36 @@ class Planner:
                         f"channel_shuffle[{'x'.join(map(str, self.dims[n.get('input_id')]))} perm "
                         f"{list(n.get('perm'))}]")
 
-    def _segment(self, gi: int, nodes: list[XNode], external: set[int], pool: native.ThreadPool | None) -> NativeStep:
+    def _fully_connected(self, n: XNode, pool: native.ThreadPool | None) -> FullyConnectedStep:
+        """The node on its packed operator: made by the first plan, set up at these dims by each (see _fc_ops)."""
+        mkn = fc_operands(n, self.values, self.dims, self.const)
+        assert mkn is not None  # placed on "F" for that reason
+        rows, k, cols = mkn
+        out = n.outputs()[0]
+        try:
+            packed = self.fc_packed.get(out)
+            if packed is None:
+                lo, hi = n.output_min_max or (-math.inf, math.inf)
+                packed = self.fc_packed[out] = packed_for(n, k, cols, self.const, lo, hi)
+            op = FullyConnected(packed, rows, pool)
+        except (native.XnnpackError, ValueError) as exc:
+            raise fail(f"{n.kind}: {exc}") from exc
+        return FullyConnectedStep(op, n.inputs()[0], out, f"fully_connected[{rows}x{k} -> {cols}]")
+
+    def _segment(self, gi: int, nodes: list[XNode], io: list[tuple[list[int], list[int]]], external: set[int],
+                 pool: native.ThreadPool | None) -> NativeStep:
         used: list[int] = []
         seen: set[int] = set()
-        for n in nodes:
-            for vid in (*n.inputs(), *n.outputs()):
+        for ins, outs in io:
+            for vid in (*ins, *outs):
                 if vid not in seen:
                     seen.add(vid)
                     used.append(vid)
-        produced = {o for n in nodes for o in n.outputs()}
+        produced = {o for _, outs in io for o in outs}
         weights = {w for n in nodes for w in _weights(n)}
+        others = {v for n, (ins, _) in zip(nodes, io) for v in ins if v not in _weights(n)}  # read as non-weights
         ext = [vid for vid in used if vid in external and vid not in self.const]
+        ext_at = {vid: k for k, vid in enumerate(ext)}
         sg = native.Subgraph(len(ext))
         try:
             ids: dict[int, int] = {INVALID_ID: INVALID_ID}
@@ -261,10 +314,10 @@ class Planner:
                 data = None
                 if vid in self.const:
                     data = np.ascontiguousarray(self.const[vid])
-                    if vid not in weights or any(vid in _other_inputs(n) for n in nodes):
+                    if vid not in weights or vid in others:
                         data = _padded_copy(data)  # XNNPACK keeps a pointer to non-packed static data
-                if vid in ext:
-                    k = ext.index(vid)
+                if vid in ext_at:
+                    k = ext_at[vid]
                     flags = native.FLAG_EXTERNAL_OUTPUT if vid in produced else native.FLAG_EXTERNAL_INPUT
                     ids[vid] = self._define(sg, v, dims, None, k, flags)
                     bind.append((k, vid))
@@ -323,11 +376,6 @@ def _missing_ids(n: XNode) -> list[str]:
     if n.kind in CAT_INPUTS:
         names = [f"input{k + 1}_id" for k in range(CAT_INPUTS[n.kind])]
     return [f for f in names if n.get(f) == INVALID_ID]
-
-
-def _other_inputs(n: XNode) -> list[int]:
-    w = _weights(n)
-    return [i for i in n.inputs() if i not in w]
 
 
 def _padded_copy(a: np.ndarray) -> np.ndarray:

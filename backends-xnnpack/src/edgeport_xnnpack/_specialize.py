@@ -4,8 +4,9 @@ A blob declares each value at its upper-bound dims. Newer XNNPACK (ExecuTorch's 
 to every call's input shapes; the 2022 library cannot, so the executor *specializes* instead: for input shapes
 it has not seen, it infers every value's dims (:func:`~edgeport_xnnpack._infer.infer_dims`), plans and builds the
 delegate's steps again with those dims (the same definer code as at ``init``: native runtimes, host steps), and
-keeps the result in a small least-recently-used cache keyed by the input shapes. Each specialization packs its
-own weights; evicting one frees them. Torch-free.
+keeps the result in a small least-recently-used cache keyed by the input shapes. Float32 fully connected layers
+share their packed operators with every plan of the delegate (``_fc_ops``); other native nodes with weights
+(convolutions) pack their own per specialization, freed with it. Torch-free.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class Specializer:
     shapes, or raises :class:`RuntimeExecutionError` saying which input or node does not fit."""
 
     def __init__(self, nodes: Sequence[XNode], declared: dict[int, Dims], inputs: list[tuple[int, Dims]],
-                 outputs: list[tuple[int, Dims]], build: Build, capacity: int) -> None:
+                 outputs: list[tuple[int, Dims]], build: Build, capacity: int,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.nodes, self.declared, self.inputs, self.outputs = list(nodes), dict(declared), inputs, outputs
         self.build, self.capacity = build, capacity
+        self.on_close = on_close  # frees what every plan shares (the handle's packed operators), after the plans
         self.cache: OrderedDict[tuple[Dims, ...], Plan] = OrderedDict()
         self.built = 0  # specializations made so far (diagnostics: a re-made evicted one counts again)
 
@@ -127,3 +130,6 @@ class Specializer:
         for plan in self.cache.values():
             plan.close()
         self.cache.clear()
+        if self.on_close is not None:
+            self.on_close()
+            self.on_close = None

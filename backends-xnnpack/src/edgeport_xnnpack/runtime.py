@@ -13,8 +13,9 @@ a bound pointer changed, and keeps no reference to them afterwards. ``destroy`` 
 
 Dynamic shapes: a blob declares upper-bound dims. Inputs smaller in some dims run on a *specialization* for
 their shapes (:mod:`edgeport_xnnpack._specialize`): every value's dims are inferred and the same planning and
-subgraph definition run at those dims (weights are packed again, per specialization); a small LRU cache keeps
-the last few.
+subgraph definition run at those dims; a small LRU cache keeps the last few. Float32 fully connected layers run on
+operators packed once and shared by every specialization (:mod:`edgeport_xnnpack._fc_ops`); the weights of other
+native nodes (convolutions) are packed again per specialization.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from edgeport.backend import CompileSpec, RuntimeExecutor
 from edgeport.errors import ProgramError, RuntimeExecutionError
-from edgeport_xnnpack import native
+from edgeport_xnnpack import _fc_ops, native
 from edgeport_xnnpack._call import input_arrays, results_for
 from edgeport_xnnpack._constants import NamedData
 from edgeport_xnnpack._direct import direct_call
@@ -73,6 +74,7 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     except ValueError as exc:
         raise fail(str(exc)) from exc
     planner = Planner(graph, constants, named_data, lib)
+    planner.fc_operators = _fc_ops.available()
     inputs, outputs = planner.check_values()
     try:  # qint8 x qcint8 fully connected -> 1x1 convolution; int8 transposes (see _rewrite_int8)
         rewrite_int8(graph, planner.values, planner.dims, planner.const)
@@ -104,12 +106,14 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     except BaseException:
         for step in steps:
             step.close()
+        planner.close_shared()
         if pool is not None:
             native.shared_pools.release(pool)
         raise
     summary = {"native_steps": sum(isinstance(s, NativeStep) for s in steps),
                "host_steps": sum(isinstance(s, HostStep) for s in steps),
-               "operator_steps": sum(isinstance(s, ShuffleStep) for s in steps), "nodes": len(graph.nodes),
+               "operator_steps": sum(isinstance(s, (ShuffleStep, _fc_ops.FullyConnectedStep)) for s in steps),
+               "nodes": len(graph.nodes),
                "fully_connected": describe(planner.products)}
     base = dict(planner.dims)
 
@@ -122,7 +126,7 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
 
     slots = [planner.values[i].external_id for i in inputs]
     n_args = graph.num_externs - len(outputs)
-    specializer = Specializer(graph.nodes, base, ins, outs, build, capacity)
+    specializer = Specializer(graph.nodes, base, ins, outs, build, capacity, on_close=planner.close_shared)
     return XnnpackHandle(ins, outs, steps, buffers, pool, summary, direct=direct, n_args=n_args,
                          arg_slots=None if slots == list(range(n_args)) else tuple(slots), specializer=specializer)
 
