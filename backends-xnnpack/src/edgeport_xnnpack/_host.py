@@ -32,6 +32,7 @@ try:
 except ImportError:  # pragma: no cover - no compiler at install time, or an extension built before bmm
     _bmm = None
 
+_F32 = np.dtype(np.float32)
 #: batch matrix products of at most this many multiply-adds run on ``_gemm.bmm`` (one call for the whole batch,
 #: no Python per batch element; a decode step's attention products are 65k); larger ones on numpy's OpenBLAS
 BMM_MAX_MACS = 1 << 18
@@ -346,13 +347,28 @@ class HostSegment:
                 continue
             target[u] = (root, dims(u))
             skip.add(j)
+        # a reshape of a reshape's result (read by nothing else) reshapes the first one's input: one view, not two
+        source: dict[int, int] = {}  # node -> the value it reshapes instead of its input
+        dropped: set[int] = set()
+        for j, n in enumerate(nodes):
+            u = n.inputs()[0] if n.inputs() else None
+            i = produced.get(u, -1)
+            if j in skip or i < 0 or i in skip or not (_is_view_reshape(n, ops[j]) and
+                                                     _is_view_reshape(nodes[i], ops[i])):
+                continue
+            if u in materialize or u in target or readers.get(u) != [j]:
+                continue
+            source[j] = source.get(i, nodes[i].inputs()[0])
+            dropped.add(i)
         self.program: list[Callable[[dict[int, np.ndarray]], None]] = []
         outside: set[int] = set()  # values the program reads that come from outside the segment
         written: set[int] = set()  # the executor's buffers it writes
         for j, (n, op) in enumerate(zip(nodes, ops, strict=True)):
-            if j in skip:
+            if j in skip or j in dropped:
                 continue
             ins, o = list(n.inputs())[:op.reads], n.outputs()[0]
+            if j in source:
+                ins = [source[j]]
             if j in aliased:  # the multiply's operand stands for its result (the product applies the scale)
                 ins = [aliased[j]]
                 self.program.append(_alias(ins[0], o))
@@ -397,6 +413,10 @@ class HostSegment:
                 step(env)
         finally:
             blas[1](n)
+
+
+def _is_view_reshape(n: XNode, op: HostOp) -> bool:
+    return n.kind == "XNNStaticReshape" and op.view and op.reads is None
 
 
 def _alias(src: int, o: int) -> Callable[[dict[int, np.ndarray]], None]:
@@ -459,10 +479,12 @@ class SegmentBinding:
     def run(self, arrays: Sequence[np.ndarray]) -> None:
         for k, dims, output in self.expected:
             a = arrays[k]
-            if type(a) is not np.ndarray or a.dtype != np.float32 or a.shape != dims or not a.flags.c_contiguous \
-                    or (output and not a.flags.writeable):
+            if type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims or \
+                    not a.flags.c_contiguous or (output and not a.flags.writeable):
                 raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
         copies = self.segment.copies
         if copies is not None and copies.run(arrays):
             return
-        self.segment.run(dict(zip(self.vids, arrays, strict=True)))
+        if len(arrays) != len(self.vids):
+            raise ValueError(f"expected {len(self.vids)} arrays, got {len(arrays)}")
+        self.segment.run(dict(zip(self.vids, arrays)))
