@@ -2,7 +2,7 @@
 decoder lowered to XNNPACK (its KV caches pass through lone static-reshape delegates before ``expand_copy``)
 against the same program loaded without the rewrite (bit-identical logits over prefill and decode steps) and
 against eager PyTorch (greedy tokens). The XNNPACK executor's ``reshape_only`` is a stand-in here, answering from
-the handle's steps."""
+the handle (``XnnpackHandle.reshape_only()`` where it exists, else its planned steps)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from edgeport.runtime import Runtime  # noqa: E402
 
 
 def _reshape_only(self, handle) -> bool:
+    if callable(getattr(handle, "reshape_only", None)):  # the handle's own answer, where edgeport-xnnpack has one
+        return handle.reshape_only() is True
     steps = getattr(handle, "steps", [])
     return len(handle.inputs) == 1 and len(handle.outputs) == 1 and len(steps) == 1 \
         and steps[0].label == "host[1 nodes: StaticReshape]"
