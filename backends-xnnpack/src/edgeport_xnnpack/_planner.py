@@ -301,8 +301,12 @@ class Planner:
                     seen.add(vid)
                     used.append(vid)
         produced = {o for _, outs in io for o in outs}
-        weights = {w for n in nodes for w in _weights(n)}
-        others = {v for n, (ins, _) in zip(nodes, io) for v in ins if v not in _weights(n)}  # read as non-weights
+        weights: set[int] = set()
+        others: set[int] = set()  # values some node reads as a non-weight input
+        for n, (ins, _) in zip(nodes, io):
+            w = _weights(n)
+            weights.update(w)
+            others.update(v for v in ins if v not in w)
         ext = [vid for vid in used if vid in external and vid not in self.const]
         ext_at = {vid: k for k, vid in enumerate(ext)}
         sg = native.Subgraph(len(ext))
