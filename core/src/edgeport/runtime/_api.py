@@ -237,8 +237,10 @@ class Program:
 
         ``fold_constants`` runs kernel calls whose inputs are all constants (weight permutes and expands) once,
         here, instead of on every execution (``method.profile.folded_instructions`` counts them); with it, a
-        repeated pure kernel call on unchanged inputs copies the earlier result (``reused_calls``) and math
-        attention's fully-masked-row guard runs as one fused operation (``fused_calls``); outputs are identical.
+        repeated pure kernel call on unchanged inputs copies the earlier result, or takes it as is while it stays
+        intact (``reused_calls``), math attention's fully-masked-row guard runs as one fused operation
+        (``fused_calls``), and a delegate call its executor declares a mere reshape (``reshape_only``) becomes a view
+        of its input (``viewed_delegates``); outputs are identical.
 
         ``on_backend_unavailable`` is the policy spelled out: ``"error"`` (the default) raises
         ``BackendNotFoundError`` naming the backend and how to install it; ``"portable"`` is ``allow_fallback=True``.
