@@ -163,6 +163,11 @@ class XnnpackExecutor(RuntimeExecutor):
             raise RuntimeExecutionError(f"{BACKEND_ID}: num_outputs needs a handle from init")
         return len(handle.outputs)
 
+    def reshape_only(self, handle: XnnpackHandle) -> bool:
+        """True when the delegate is one reshape (``XnnpackHandle.reshape_only``: one input, one output of as many
+        elements, one host step of reshapes between them); the core runtime may then run its calls as views."""
+        return type(handle) is XnnpackHandle and handle.reshape_only()
+
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
         """Run the delegate. ``out`` (optional): one entry per output, a writable C-contiguous float32 array of

@@ -1,8 +1,7 @@
 """Delegate calls that only reshape run as views (``edgeport.runtime._views``): checked on a Hugging Face GQA
 decoder lowered to XNNPACK (its KV caches pass through lone static-reshape delegates before ``expand_copy``)
 against the same program loaded without the rewrite (bit-identical logits over prefill and decode steps) and
-against eager PyTorch (greedy tokens). The XNNPACK executor's ``reshape_only`` is a stand-in here, answering from
-the handle (``XnnpackHandle.reshape_only()`` where it exists, else its planned steps)."""
+against eager PyTorch (greedy tokens), with the XNNPACK executor's own ``reshape_only``."""
 
 from __future__ import annotations
 
@@ -17,14 +16,6 @@ import edgeport.runtime._method as method_module  # noqa: E402
 from edgeport.runtime import Runtime  # noqa: E402
 
 
-def _reshape_only(self, handle) -> bool:
-    if callable(getattr(handle, "reshape_only", None)):  # the handle's own answer, where edgeport-xnnpack has one
-        return handle.reshape_only() is True
-    steps = getattr(handle, "steps", [])
-    return len(handle.inputs) == 1 and len(handle.outputs) == 1 and len(steps) == 1 \
-        and steps[0].label == "host[1 nodes: StaticReshape]"
-
-
 @pytest.fixture(scope="module")
 def decoder():
     from edgeport.llm import export_decoder
@@ -35,7 +26,7 @@ def decoder():
 
 
 def _load(pte: bytes, views: bool, monkeypatch):
-    monkeypatch.setattr(xnn_runtime.XnnpackExecutor, "reshape_only", _reshape_only, raising=False)
+    assert callable(getattr(xnn_runtime.XnnpackExecutor, "reshape_only", None))
     if views:
         return Runtime.get().load_program(pte).load_method("forward")
     with monkeypatch.context() as m:
@@ -77,7 +68,7 @@ def test_reshape_delegates_run_as_views_bit_identical_and_as_eager(decoder, monk
 def test_only_single_input_calls_whose_input_stays_unwritten_become_views(decoder, monkeypatch):
     """Every delegate of the program claiming to reshape: only calls with one tensor input and one output, whose
     input nothing writes between the call and the last read of its output, become views -- the same calls as the
-    stand-in finds (the attention and projection delegates take several inputs)."""
+    XNNPACK executor's own answers give (the attention and projection delegates take several inputs)."""
     from edgeport.program import schema as S
     from edgeport.runtime._views import reshape_delegates
 
@@ -107,8 +98,8 @@ def test_only_single_input_calls_whose_input_stays_unwritten_become_views(decode
     mv = MethodValues(ep, lp, "forward")
     analysis = analyze_instructions(mv, ep, kernel_registry())
     found = reshape_delegates(mv, ep, analysis, [Claims(d) for d in plan._delegates.items])
-    stand_in = reshape_delegates(mv, ep, analysis, plan._delegates.items)
-    assert found == stand_in and len(found) == plan.profile.viewed_delegates
+    own = reshape_delegates(mv, ep, analysis, plan._delegates.items)
+    assert found == own and len(found) == plan.profile.viewed_delegates
     instrs = ep.chains[0].instructions
     for (_, ii), (src, out) in found.items():
         a = instrs[ii].instr_args
