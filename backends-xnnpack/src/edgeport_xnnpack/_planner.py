@@ -23,6 +23,7 @@ from edgeport_xnnpack._dynamic_quant import (
 )
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._host_gemm import holds_filter, product_op, wants_host
+from edgeport_xnnpack._host_place import absorb_scaled_transposes
 from edgeport_xnnpack._host_qd8 import qd8_op
 from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok
@@ -198,6 +199,7 @@ class Planner:
                        fc_operands(n, self.values, self.dims, const) is not None)
         placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm,
                        fc, io)
+        absorb_scaled_transposes(nodes, placed, self.dims)  # the attention's K^T * scale read in place (_host_place)
         groups = schedule(nodes, placed.sides, io)
         producer: dict[int, int] = {}
         for gi, (_, idx) in enumerate(groups):
