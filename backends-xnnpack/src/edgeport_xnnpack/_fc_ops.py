@@ -36,6 +36,7 @@ from edgeport_xnnpack._native_run import (
     _raise_status,
     library,
 )
+from edgeport_xnnpack._operator_step import OperatorStep
 from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
 
 __all__ = ["FullyConnected", "FullyConnectedStep", "PackedFullyConnected", "available", "fc_operands"]
@@ -221,24 +222,9 @@ class FullyConnected(_NativeObject):
 
 
 @dataclass
-class FullyConnectedStep:
-    """A float32 fully connected node run by its delegate's shared :class:`PackedFullyConnected` operator."""
-
-    op: FullyConnected
-    src: int
-    dst: int
-    label: str
-    debug_handles: tuple[int, ...] = ()
-    event_id: str = ""
-
-    def run(self, env: dict[int, np.ndarray]) -> None:
-        self.op.run(env[self.src], env[self.dst])
-
-    def glue(self) -> tuple[Any, list[int]] | None:
-        return None if self.op.glue is None else (self.op.glue, [self.src, self.dst])
-
-    def close(self) -> None:
-        self.op.close()
+class FullyConnectedStep(OperatorStep):
+    """A float32 fully connected node run by its delegate's shared :class:`PackedFullyConnected` operator (``op``: a
+    :class:`FullyConnected` run of it)."""
 
 
 def packed_for(n: XNode, k: int, cols: int, const: dict[int, np.ndarray], lo: float,

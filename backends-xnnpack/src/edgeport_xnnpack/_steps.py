@@ -13,6 +13,7 @@ import numpy as np
 from edgeport_xnnpack import native
 from edgeport_xnnpack._direct import DirectCall
 from edgeport_xnnpack._host import HostSegment, SegmentBinding
+from edgeport_xnnpack._operator_step import OperatorStep
 from edgeport_xnnpack._specialize import Specializer
 
 __all__ = ["XnnpackHandle", "HostStep", "NativeStep", "ShuffleStep"]
@@ -63,24 +64,8 @@ class HostStep:
 
 
 @dataclass
-class ShuffleStep:
-    """A 2-D transpose run by XNNPACK's channel-shuffle operator."""
-
-    op: native.ChannelShuffle
-    src: int
-    dst: int
-    label: str
-    debug_handles: tuple[int, ...] = ()
-    event_id: str = ""
-
-    def run(self, env: dict[int, np.ndarray]) -> None:
-        self.op.run(env[self.src], env[self.dst])
-
-    def glue(self) -> tuple[Any, list[int]] | None:
-        return None if self.op.glue is None else (self.op.glue, [self.src, self.dst])
-
-    def close(self) -> None:
-        self.op.close()
+class ShuffleStep(OperatorStep):
+    """A 2-D transpose run by XNNPACK's channel-shuffle operator (``op``: a :class:`native.ChannelShuffle`)."""
 
 
 @dataclass

@@ -22,6 +22,7 @@ import numpy as np
 from edgeport.program import schema as S
 from edgeport.runtime._instructions import InstructionAnalysis, KernelCallInfo
 from edgeport.runtime._values import MethodValues
+from edgeport.runtime._views import intact_until_last_read, overlaps
 from edgeport.runtime.kernel_utils import resize
 
 __all__ = ["alias_reuses", "common_calls", "reuse_alias", "reuse_result"]
@@ -245,9 +246,6 @@ def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
     viewed_ins = {i for i, _ in analysis.viewed_delegates.values()}  # viewed once per context: never rebound
     protected = set(plan.outputs) | listed | analysis.state_tensors | viewed_outs | viewed_ins | set(plan.inputs)
 
-    def overlaps(a: Any, b: Any) -> bool:
-        return a.mem_id == b.mem_id and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
-
     found: set[tuple[int, int]] = set()
     for (ci, ii), src in analysis.reused.items():
         call = analysis.chains[ci][ii]
@@ -258,16 +256,6 @@ def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
             continue
         if writers.get(out) != {(ci, ii)} or any(overlaps(s_out, o) for o in never_written):
             continue
-        readers = [at for at, r in reads.items() if out in r and at != (ci, ii)]
-        if not readers or any(c != ci or j <= ii for c, j in readers):
-            continue
-        last = max(j for _, j in readers)
-        clobbered = False
-        for j in range(ii + 1, last + 1):
-            for t in writes.get((ci, j), ()):
-                st = specs.get(t)
-                if t == src or st is None or not st.mem_id or overlaps(st, s_src):
-                    clobbered = True
-        if not clobbered:
+        if intact_until_last_read((ci, ii), out, src, s_src, reads, writes, specs):
             found.add((ci, ii))
     return found

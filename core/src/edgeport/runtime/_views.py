@@ -20,7 +20,31 @@ from edgeport.program import schema as S
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._values import MethodValues
 
-__all__ = ["reshape_delegates"]
+__all__ = ["intact_until_last_read", "overlaps", "reshape_delegates"]
+
+
+def overlaps(a: Any, b: Any) -> bool:
+    """Two planned tensors (specs with ``mem_id``, ``offset``, ``nbytes``) share bytes."""
+    return a.mem_id == b.mem_id and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+
+
+def intact_until_last_read(at: tuple[int, int], out: int, src: int, s_src: Any,
+                           reads: dict[tuple[int, int], set[int]], writes: dict[tuple[int, int], set[int]],
+                           specs: dict[int, Any]) -> bool:
+    """Every read of ``out`` comes after instruction ``at`` in its chain, and from there up to the last of those
+    reads nothing writes ``src``, memory overlapping ``s_src`` (its spec) or an unplanned tensor (a view of
+    anything): ``out`` may then be ``src``'s memory instead of a copy of it."""
+    ci, ii = at
+    readers = [r_at for r_at, r in reads.items() if out in r and r_at != at]
+    if not readers or any(c != ci or j <= ii for c, j in readers):
+        return False
+    last = max(j for _, j in readers)
+    for j in range(ii + 1, last + 1):
+        for t in writes.get((ci, j), ()):
+            st = specs.get(t)
+            if t == src or st is None or not st.mem_id or overlaps(st, s_src):
+                return False
+    return True
 
 
 def _reshape_only(delegate: Any) -> bool:
@@ -91,9 +115,6 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
                      and i not in writers and i not in plan.inputs]
     inputs, outputs = set(plan.inputs), set(plan.outputs)
 
-    def overlaps(a: Any, b: Any) -> bool:
-        return a.mem_id == b.mem_id and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
-
     def static_planned(i: int) -> bool:
         sp = specs.get(i) if kinds[i] is S.Tensor else None
         return (sp is not None and sp.mem_id != 0 and not sp.dynamic and sp.constant is None and sp.contiguous_order
@@ -120,16 +141,6 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
                 continue
             if any(overlaps(s_out, o) for o in never_written):
                 continue  # an elided view reads the output's memory
-            readers = [at for at, r in reads.items() if out in r and at != (ci, ii)]
-            if not readers or any(c != ci or j <= ii for c, j in readers):
-                continue
-            last = max(j for _, j in readers)
-            clobbered = False
-            for j in range(ii + 1, last + 1):
-                for t in writes.get((ci, j), ()):
-                    st = specs.get(t)
-                    if t == src or st is None or not st.mem_id or overlaps(st, s_in):
-                        clobbered = True
-            if not clobbered:
+            if intact_until_last_read((ci, ii), out, src, s_in, reads, writes, specs):
                 found[(ci, ii)] = (src, out)
     return found
