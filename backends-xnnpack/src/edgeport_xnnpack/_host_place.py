@@ -8,7 +8,8 @@ product reads it a fourth time (the medium decoder: 256 KB each, ~0.1 ms per lay
 moves such a transpose and multiply to the host instead, where the transpose (and the reshapes around it) are
 numpy views and ``HostSegment`` fuses the multiply into the product (``_gemm.bmm`` with its ``scale``: the cache is
 read once, in place; :func:`fused_scales` finds such multiplies in a segment). It applies only when ``_gemm.bmm``
-is built and every value on the way has a single reader.
+is built, every value on the way has a single reader, and the product has one query row (a decode step; a
+prefill's products are large enough that moving the transpose to the host slowed them).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def absorb_scaled_transposes(nodes: list[XNode], placement: Any, dims: dict[int,
     for b, n in enumerate(nodes):
         if n.kind != "XNNBatchMatrixMultiply" or sides[b] != "H" or len(n.inputs()) != 2:
             continue
+        q_dims = dims[n.inputs()[0]]
+        if len(q_dims) < 2 or q_dims[-2] != 1:
+            continue  # one query row (a decode step) only: a prefill's longer product keeps the native path
         v, after = back(n.inputs()[1])
         if v not in producer or len(readers.get(v, ())) != 1:
             continue
