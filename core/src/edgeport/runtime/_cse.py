@@ -22,7 +22,7 @@ import numpy as np
 from edgeport.program import schema as S
 from edgeport.runtime._instructions import InstructionAnalysis, KernelCallInfo
 from edgeport.runtime._values import MethodValues
-from edgeport.runtime._views import intact_until_last_read, overlaps
+from edgeport.runtime._views import delegate_outputs, intact_until_last_read, overlaps, written_by
 from edgeport.runtime.kernel_utils import resize
 
 __all__ = ["alias_reuses", "common_calls", "reuse_alias", "reuse_result"]
@@ -91,14 +91,7 @@ def common_calls(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
                 for other in loose:  # tensors outside planned memory may be views of anything
                     ident[other] = ("v", other, next(fresh))
 
-    n_out = {}
-    for di, d in enumerate(delegates):
-        declared = getattr(d.executor, "num_outputs", None)
-        if getattr(d, "kind", "") == "backend" and callable(declared):
-            try:
-                n_out[di] = int(declared(d.handle))
-            except Exception:  # noqa: BLE001,S112 - unknown: every argument counts as written
-                continue
+    n_out = delegate_outputs(delegates)
 
     seen: dict[Any, tuple[int, Any]] = {}  # call key -> (slot of its result, that result's identity)
     reused: dict[tuple[int, int], int] = {}
@@ -189,14 +182,7 @@ def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
     if not analysis.reused:
         return set()
     kinds, specs = mv.kinds, mv.specs
-    n_out: dict[int, int] = {}
-    for di, d in enumerate(delegates):
-        declared = getattr(d.executor, "num_outputs", None)
-        if getattr(d, "kind", "") == "backend" and callable(declared):
-            try:
-                n_out[di] = int(declared(d.handle))
-            except Exception:  # noqa: BLE001,S112 - unknown: every argument counts as written
-                continue
+    n_out = delegate_outputs(delegates)
     reads: dict[tuple[int, int], set[int]] = {}  # what each operation that runs reads and writes
     writes: dict[tuple[int, int], set[int]] = {}
     for ci, chain in enumerate(plan.chains):
@@ -235,13 +221,7 @@ def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
             elif type(a) is S.JumpFalseCall:  # pragma: no cover - common_calls skips methods with jumps
                 return set()
             reads[at], writes[at] = r, w
-    writers: dict[int, set[tuple[int, int]]] = {}
-    for at, w in writes.items():
-        for t in w:
-            writers.setdefault(t, set()).add(at)
-    listed = {j for i, k in enumerate(kinds) if k in (S.TensorList, S.OptionalTensorList) for j in mv.tensor_items(i)}
-    never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
-                     and i not in writers and i not in plan.inputs]
+    writers, listed, never_written = written_by(writes, mv, plan)
     viewed_outs = {o for _, o in analysis.viewed_delegates.values()}
     viewed_ins = {i for i, _ in analysis.viewed_delegates.values()}  # viewed once per context: never rebound
     protected = set(plan.outputs) | listed | analysis.state_tensors | viewed_outs | viewed_ins | set(plan.inputs)

@@ -20,7 +20,7 @@ from edgeport.program import schema as S
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._values import MethodValues
 
-__all__ = ["intact_until_last_read", "overlaps", "reshape_delegates"]
+__all__ = ["delegate_outputs", "intact_until_last_read", "overlaps", "reshape_delegates", "written_by"]
 
 
 def overlaps(a: Any, b: Any) -> bool:
@@ -57,14 +57,33 @@ def _reshape_only(delegate: Any) -> bool:
         return False
 
 
-def _num_outputs(delegate: Any) -> int | None:
-    declared = getattr(delegate.executor, "num_outputs", None)
-    if not callable(declared):
-        return None
-    try:
-        return int(declared(delegate.handle))
-    except Exception:  # noqa: BLE001
-        return None
+def delegate_outputs(delegates: Sequence[Any]) -> dict[int, int]:
+    """Delegate index -> how many trailing call arguments its executor declares outputs (``num_outputs``);
+    delegates whose executor cannot tell are left out (every argument then counts as written)."""
+    n_out: dict[int, int] = {}
+    for di, d in enumerate(delegates):
+        declared = getattr(d.executor, "num_outputs", None)
+        if getattr(d, "kind", "") == "backend" and callable(declared):
+            try:
+                n_out[di] = int(declared(d.handle))
+            except Exception:  # noqa: BLE001,S112 - unknown: every argument counts as written
+                continue
+    return n_out
+
+
+def written_by(writes: dict[tuple[int, int], set[int]], mv: MethodValues,
+               plan: S.ExecutionPlan) -> tuple[dict[int, set[tuple[int, int]]], set[int], list[Any]]:
+    """From what each operation writes: the writers of each tensor, the tensors held in lists, and the specs of
+    planned tensors nothing writes (elided views, whose memory others may overlap)."""
+    writers: dict[int, set[tuple[int, int]]] = {}
+    for at, w in writes.items():
+        for t in w:
+            writers.setdefault(t, set()).add(at)
+    kinds, specs = mv.kinds, mv.specs
+    listed = {j for i, k in enumerate(kinds) if k in (S.TensorList, S.OptionalTensorList) for j in mv.tensor_items(i)}
+    never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
+                     and i not in writers and i not in plan.inputs]
+    return writers, listed, never_written
 
 
 def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
@@ -76,6 +95,7 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
     if not reshapes:
         return {}
     kinds, specs = mv.kinds, mv.specs
+    n_out = delegate_outputs(delegates)
     # per instruction: the tensors it reads and writes
     reads: dict[tuple[int, int], set[int]] = {}
     writes: dict[tuple[int, int], set[int]] = {}
@@ -96,7 +116,7 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
             elif type(a) is S.DelegateCall:
                 if (ci, ii) in analysis.folded_delegates:
                     continue
-                n = _num_outputs(delegates[a.delegate_index])
+                n = n_out.get(a.delegate_index)
                 args = list(a.args)
                 for k, idx in enumerate(args):
                     r.update(mv.tensor_items(idx))
@@ -106,13 +126,7 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
                 r.update(mv.tensor_items(a.move_from))
                 w.update(mv.tensor_items(a.move_to))
             reads[(ci, ii)], writes[(ci, ii)] = r, w
-    writers: dict[int, set[tuple[int, int]]] = {}
-    for at, w in writes.items():
-        for t in w:
-            writers.setdefault(t, set()).add(at)
-    listed = {j for i, k in enumerate(kinds) if k in (S.TensorList, S.OptionalTensorList) for j in mv.tensor_items(i)}
-    never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
-                     and i not in writers and i not in plan.inputs]
+    writers, listed, never_written = written_by(writes, mv, plan)
     inputs, outputs = set(plan.inputs), set(plan.outputs)
 
     def static_planned(i: int) -> bool:
@@ -127,7 +141,7 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
             if type(a) is not S.DelegateCall or a.delegate_index not in reshapes or (ci, ii) not in reads:
                 continue
             args = list(a.args)
-            if _num_outputs(delegates[a.delegate_index]) != 1:
+            if n_out.get(a.delegate_index) != 1:
                 continue
             out = args[-1]
             tensors = [i for i in args[:-1] if kinds[i] is S.Tensor]
