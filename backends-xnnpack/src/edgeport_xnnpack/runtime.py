@@ -50,6 +50,8 @@ from edgeport_xnnpack.schema.graph import (
 )
 from edgeport_xnnpack.schema.reader import BlobError, read_blob
 
+_F32 = np.dtype(np.float32)
+
 
 def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: NamedData | None = None,
          num_threads: int | None = None, max_specializations: int | None = None,
@@ -238,7 +240,11 @@ class XnnpackExecutor(RuntimeExecutor):
                       skip_declared: bool) -> list[np.ndarray] | None:
         """The direct call of a cached specialization whose input shapes these are (or of the declared shapes when
         ``out`` has ``None`` entries), outputs from ``results_for`` as on the general path; ``None`` when it does
-        not apply or refuses the arrays (the general path then converts, specializes or raises)."""
+        not apply or refuses the arrays (the general path then converts, specializes or raises).
+
+        A decode step calls each delegate with the same shapes again and again: the handle remembers the last
+        specialization found here (``XnnpackHandle.memo``) and, while it is still cached, skips the lookup; when
+        every ``out`` entry is ``None`` the outputs are fresh arrays of the plan's dims, as ``results_for`` makes."""
         key = []
         for a in inputs:
             if type(a) is not np.ndarray:
@@ -248,18 +254,31 @@ class XnnpackExecutor(RuntimeExecutor):
         with self._lock:
             if not handle.alive:
                 raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
+            memo = handle.memo
             plan: XnnpackHandle | Plan | None
-            if shapes == handle.declared:
-                plan, call = handle, None if skip_declared else handle.direct
+            if memo is not None and memo[0] == shapes and memo[1].direct is memo[2]:
+                stored, plan, call, dims = memo  # still cached (a closed plan has no direct call)
+                cache = handle.specializer.cache
+                if next(reversed(cache)) is not stored:  # keep the cache's least-recently-used order exact
+                    cache.move_to_end(stored)
             else:
-                plan = handle.specializer.known(shapes)
-                call = plan.direct if plan is not None else None
-            if call is None:
-                return None
-            try:
-                results = results_for(plan, out)
-            except RuntimeExecutionError:
-                return None  # the general path raises it after checking the inputs
+                if shapes == handle.declared:
+                    plan, call = handle, None if skip_declared else handle.direct
+                else:
+                    plan = handle.specializer.known(shapes)
+                    call = plan.direct if plan is not None else None
+                if call is None:
+                    return None
+                dims = tuple(d for _, d in plan.outputs)
+                if plan is not handle:  # known() moved its key (the cache's own tuple) to the end
+                    handle.memo = (next(reversed(handle.specializer.cache)), plan, call, dims)
+            if out is None or len(out) == len(dims) and all(a is None for a in out):
+                results = [np.empty(d, _F32) for d in dims]
+            else:
+                try:
+                    results = results_for(plan, out)
+                except RuntimeExecutionError:
+                    return None  # the general path raises it after checking the inputs
             try:
                 call(inputs, results)
             except (ValueError, native.XnnpackError):
@@ -283,6 +302,7 @@ class XnnpackExecutor(RuntimeExecutor):
                 return
             handle.alive = False
             handle.direct = None
+            handle.memo = None
             for step in handle.steps:
                 step.close()
             handle.steps, handle.buffers = [], {}
