@@ -6,7 +6,8 @@ edgeport (``--pte-dir`` keeps / reuses the ``.pte`` files, one per commit). Then
 
 * **A/B, interleaved**: the same program loaded twice, with the runtime's rewrites (common calls reused,
   ``runtime._cse``; the masked-row guard fused, ``runtime._fuse``; reshape-only delegate calls as views,
-  ``runtime._views``; the one-position ``index_put_`` slice) and
+  ``runtime._views``; the KV caches' expands kept across steps, ``runtime._kvexpand``; the one-position
+  ``index_put_`` slice) and
   without them; decode ms per token, medians of ``--rounds`` blocks of ``--new`` greedy steps each;
 * **profile** of a decode step on the rewritten load (``method.time_ops``): delegate calls vs portable kernel
   calls vs the rest (input binding, output copy, dispatch), per kernel and per delegate;
@@ -64,16 +65,18 @@ def load(path: Path, rewrites: bool) -> Any:
     from edgeport.runtime.portable import shape
 
     saved = (method_module.common_calls, method_module.masked_row_guards, method_module.reshape_delegates,
-             shape._one_position)
+             method_module.persistent_expands, shape._one_position)
     if not rewrites:
         method_module.common_calls = lambda *a, **k: {}
         method_module.masked_row_guards = lambda *a, **k: ({}, set())
         method_module.reshape_delegates = lambda *a, **k: {}
+        method_module.persistent_expands = lambda *a, **k: {}
     try:
         method = Runtime.get().load_program(str(path)).load_method(
             backend_options={"XnnpackBackend": {"num_threads": 1}})
     finally:
-        method_module.common_calls, method_module.masked_row_guards, method_module.reshape_delegates, _ = saved
+        (method_module.common_calls, method_module.masked_row_guards, method_module.reshape_delegates,
+         method_module.persistent_expands, _) = saved
     return method
 
 
@@ -152,7 +155,8 @@ def main() -> None:
                 times[rw].append(decode_ms(methods[rw], prompt, args.new, rw))
         on, off = statistics.median(times[True]), statistics.median(times[False])
         print(f"\n## {scheme}: {p.num_instructions} instructions, {p.folded_instructions} folded, "
-              f"{p.reused_calls} reused, {p.fused_calls} fused into {p.fused_calls // 5} ops")
+              f"{p.reused_calls} reused, {p.fused_calls} fused into {p.fused_calls // 5} ops, "
+              f"{p.persistent_expands} expands kept across steps")
         print(f"decode ms/token: rewrites on {on:.2f}, off {off:.2f} (off / on = {off / on:.2f}x); "
               f"rounds on {[round(x, 2) for x in times[True]]}, off {[round(x, 2) for x in times[False]]}")
         for label, m in (("on", methods[True]), ("off", methods[False])):

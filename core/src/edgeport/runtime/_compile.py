@@ -22,6 +22,7 @@ from edgeport.runtime._cse import reuse_alias, reuse_result
 from edgeport.runtime._delegates import Delegate
 from edgeport.runtime._fuse import FILL
 from edgeport.runtime._instructions import InstructionAnalysis
+from edgeport.runtime._kvexpand import expand_op, tracked_index_put
 from edgeport.runtime._memory import MemoryLayout
 from edgeport.runtime._values import MethodValues
 from edgeport.runtime.kernel_utils import resize
@@ -65,6 +66,11 @@ class ChainCompiler:
         #: list values over slots a run rewrites: value index -> (list kind, items)
         self.dynamic_lists: dict[int, tuple[str, list[int]]] = {}
         self.output_values = set(plan.outputs)
+        #: ``index_put_`` calls on caches with persistent expands (runtime._kvexpand) -> their trackers' slots
+        self.tracked: dict[tuple[int, int], list[int]] = {}
+        for at, pe in analysis.persistent.items():
+            for w in pe.writers:
+                self.tracked.setdefault(w, []).append(layout.tracker_slot[at])
         for i, ev in enumerate(mv.values):
             k = mv.kinds[i]
             if k in (S.IntList, S.TensorList, S.OptionalTensorList):
@@ -113,6 +119,17 @@ class ChainCompiler:
                         else:
                             inline[pos] = idx
                 post = self._kernel_post(call.name, params, call.rets, call.stores, call.mut, outs)
+                pe = self.analysis.persistent.get((ci, ii))
+                if pe is not None:
+                    ops.append((expand_op(pe, call.entry.fn),
+                                getter([*arg_slots, layout.tracker_slot[(ci, ii)]]), post))
+                    labels.append(label)
+                    self.kernel_ops += 1
+                    continue
+                fn = call.entry.fn
+                if (ci, ii) in self.tracked:
+                    arg_slots += self.tracked[(ci, ii)]
+                    fn = tracked_index_put
                 fused = self.analysis.fused.get((ci, ii))
                 if fused is not None and arg_slots[outs[0]] != layout.none_slot:
                     fn, values = fused
@@ -138,7 +155,7 @@ class ChainCompiler:
                     labels.append(label)
                     continue
                 get = self._getter_with_lists(arg_slots, inline) if inline else getter(arg_slots)
-                ops.append((call.entry.fn, get, post))
+                ops.append((fn, get, post))
                 labels.append(label)
                 self.kernel_ops += 1
             elif k is S.DelegateCall:

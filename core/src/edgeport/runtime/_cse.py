@@ -25,7 +25,7 @@ from edgeport.runtime._values import MethodValues
 from edgeport.runtime._views import delegate_outputs, intact_until_last_read, overlaps, written_by
 from edgeport.runtime.kernel_utils import resize
 
-__all__ = ["alias_reuses", "common_calls", "reuse_alias", "reuse_result"]
+__all__ = ["alias_reuses", "common_calls", "reuse_alias", "reuse_result", "run_accesses"]
 
 
 def reuse_result(src: Any, out: np.ndarray) -> np.ndarray:
@@ -182,8 +182,36 @@ def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
     if not analysis.reused:
         return set()
     kinds, specs = mv.kinds, mv.specs
+    access = run_accesses(mv, plan, analysis, delegates)
+    if access is None:  # pragma: no cover - common_calls skips methods with jumps
+        return set()
+    reads, writes = access
+    writers, listed, never_written = written_by(writes, mv, plan)
+    viewed_outs = {o for _, o in analysis.viewed_delegates.values()}
+    viewed_ins = {i for i, _ in analysis.viewed_delegates.values()}  # viewed once per context: never rebound
+    protected = set(plan.outputs) | listed | analysis.state_tensors | viewed_outs | viewed_ins | set(plan.inputs)
+
+    found: set[tuple[int, int]] = set()
+    for (ci, ii), src in analysis.reused.items():
+        call = analysis.chains[ci][ii]
+        out = call.params[call.outs[0]]
+        s_out, s_src = specs.get(out), specs.get(src)
+        if kinds[out] is not S.Tensor or out in protected or call.rets not in ([], [out]) or s_out is None \
+                or not s_out.mem_id or s_src is None or not s_src.mem_id or s_src.constant is not None:
+            continue
+        if writers.get(out) != {(ci, ii)} or any(overlaps(s_out, o) for o in never_written):
+            continue
+        if intact_until_last_read((ci, ii), out, src, s_src, reads, writes, specs):
+            found.add((ci, ii))
+    return found
+
+
+def run_accesses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis, delegates: Sequence[Any] = (),
+                 ) -> tuple[dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]]] | None:
+    """Per operation that runs (after folding, fusing and reuse): the tensors it reads and writes (a delegate
+    whose executor does not declare its outputs writes every argument); ``None`` for a method with jumps."""
     n_out = delegate_outputs(delegates)
-    reads: dict[tuple[int, int], set[int]] = {}  # what each operation that runs reads and writes
+    reads: dict[tuple[int, int], set[int]] = {}
     writes: dict[tuple[int, int], set[int]] = {}
     for ci, chain in enumerate(plan.chains):
         for ii, instr in enumerate(chain.instructions):
@@ -218,24 +246,7 @@ def alias_reuses(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionA
             elif type(a) is S.MoveCall:
                 r.update(mv.tensor_items(a.move_from))
                 w.update(mv.tensor_items(a.move_to))
-            elif type(a) is S.JumpFalseCall:  # pragma: no cover - common_calls skips methods with jumps
-                return set()
+            elif type(a) is S.JumpFalseCall:
+                return None
             reads[at], writes[at] = r, w
-    writers, listed, never_written = written_by(writes, mv, plan)
-    viewed_outs = {o for _, o in analysis.viewed_delegates.values()}
-    viewed_ins = {i for i, _ in analysis.viewed_delegates.values()}  # viewed once per context: never rebound
-    protected = set(plan.outputs) | listed | analysis.state_tensors | viewed_outs | viewed_ins | set(plan.inputs)
-
-    found: set[tuple[int, int]] = set()
-    for (ci, ii), src in analysis.reused.items():
-        call = analysis.chains[ci][ii]
-        out = call.params[call.outs[0]]
-        s_out, s_src = specs.get(out), specs.get(src)
-        if kinds[out] is not S.Tensor or out in protected or call.rets not in ([], [out]) or s_out is None \
-                or not s_out.mem_id or s_src is None or not s_src.mem_id or s_src.constant is not None:
-            continue
-        if writers.get(out) != {(ci, ii)} or any(overlaps(s_out, o) for o in never_written):
-            continue
-        if intact_until_last_read((ci, ii), out, src, s_src, reads, writes, specs):
-            found.add((ci, ii))
-    return found
+    return reads, writes

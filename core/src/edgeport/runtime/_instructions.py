@@ -78,6 +78,8 @@ class InstructionAnalysis:
     fused_away: set[tuple[int, int]] = field(default_factory=set)
     #: (chain, instruction) of delegate calls that only reshape, run as views (runtime._views) -> (input, output)
     viewed_delegates: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    #: (chain, instruction) of ``expand_copy`` calls whose result persists across runs (runtime._kvexpand)
+    persistent: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def kernel_calls(self) -> Iterator[KernelCallInfo]:
         for infos in self.chains:

@@ -17,6 +17,7 @@ import numpy as np
 
 from edgeport.errors import RuntimeExecutionError
 from edgeport.program import schema as S
+from edgeport.runtime._kvexpand import ExpandTracker
 from edgeport.runtime._values import MethodValues, empty_view, logical_view
 
 __all__ = ["Context", "MemoryLayout"]
@@ -41,7 +42,8 @@ class MemoryLayout:
     (:meth:`MethodValues.static_template`, after constant folding).
     """
 
-    def __init__(self, mv: MethodValues, template: list[Any], views: Iterable[tuple[int, int]] = ()) -> None:
+    def __init__(self, mv: MethodValues, template: list[Any], views: Iterable[tuple[int, int]] = (),
+                 persistent: Iterable[tuple[tuple[int, int], int]] = ()) -> None:
         self.mv = mv
         self.template = template
         #: (input, output) of delegate calls run as views: the output's slot is a reshaped view of the input's
@@ -58,6 +60,14 @@ class MemoryLayout:
             if mv.kinds[i] is S.TensorList and any(j in self.capacity for j in ev.val.items):
                 self.tensorlist_capacity[i] = slot
                 slot += 1
+        #: persistent expands (:mod:`._kvexpand`): (chain, instruction) -> the slot of its tracker; their out
+        #: tensors get memory of their own, outside the arenas
+        self.tracker_slot: dict[tuple[int, int], int] = {}
+        self.private: list[int] = []
+        for at, out in persistent:
+            self.tracker_slot[at] = slot
+            self.private.append(out)
+            slot += 1
         self.none_slot = slot
         self.num_slots = slot + 1
 
@@ -93,6 +103,11 @@ class MemoryLayout:
             vals[i] = view
             if i in capacity:
                 vals[capacity[i]] = view
+        for i in self.private:  # C-ordered, statically planned (runtime._kvexpand)
+            sp = mv.specs[i]
+            vals[i] = np.zeros(tuple(sp.sizes), dtype=sp.dtype)
+        for slot in self.tracker_slot.values():
+            vals[slot] = ExpandTracker()
         for i, o, sizes in self.views:
             vals[o] = vals[i].reshape(sizes)  # C-ordered, statically planned: a view of the same memory
         for i, ev in enumerate(mv.values):

@@ -21,6 +21,7 @@ from edgeport.runtime._folding import fold_constants
 from edgeport.runtime._fuse import masked_row_guards
 from edgeport.runtime._instructions import analyze_instructions
 from edgeport.runtime._io import Binder, borrowable_inputs, input_binders
+from edgeport.runtime._kvexpand import persistent_expands
 from edgeport.runtime._memory import Context, MemoryLayout
 from edgeport.runtime._profile import MethodProfile
 from edgeport.runtime._values import MethodValues
@@ -82,7 +83,11 @@ class MethodPlan:
             for ci, ii in analysis.aliased:  # their out slots now change during a run
                 call = analysis.chains[ci][ii]
                 analysis.rw.add(call.params[call.outs[0]])  # type: ignore[union-attr]
-        self._layout = MemoryLayout(mv, self.static_template, analysis.viewed_delegates.values())
+            analysis.persistent = persistent_expands(mv, plan, analysis, self.static_template,
+                                                     self._delegates.items)
+            self.profile.persistent_expands = len(analysis.persistent)
+        self._layout = MemoryLayout(mv, self.static_template, analysis.viewed_delegates.values(),
+                                    [(at, pe.out) for at, pe in analysis.persistent.items()])
         compiler = ChainCompiler(mv, plan, analysis, self._layout, self._delegates.items)
         self.chains: list[CompiledChain] = compiler.compile()
         #: whether any portable kernel runs (only then does a run silence numpy's floating-point warnings: entering

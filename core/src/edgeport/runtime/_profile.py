@@ -43,6 +43,8 @@ class MethodProfile:
     fused_calls: int = 0
     #: delegate calls that only reshape, run as views of their input at load (see ``runtime._views``)
     viewed_delegates: int = 0
+    #: ``expand_copy`` calls whose result persists across runs, refreshed by rows (see ``runtime._kvexpand``)
+    persistent_expands: int = 0
     runs: int = 0
     last_run_seconds: float = 0.0
     #: with ``method.time_ops = True``: seconds and calls per op (kernel name or ``delegate N: backend``)
