@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import edgeport.runtime._compile as compile_module
 import edgeport.runtime._method as method_module
 from edgeport.runtime._kvexpand import ExpandTracker, PersistentExpand, expand_op, tracked_index_put
 from edgeport.runtime.portable.shape import expand_copy_out, index_put_inplace
@@ -30,10 +31,12 @@ def decoder(request):
                                                 quantize=request.param).manager.buffer
 
 
-def _load(pte: bytes, on: bool, monkeypatch, views: bool = True):
+def _load(pte: bytes, on: bool, monkeypatch, views: bool = True, bind: bool = True):
     with monkeypatch.context() as m:
         if not on:
             m.setattr(method_module, "persistent_expands", lambda *a, **k: {})
+        if not bind:
+            m.setattr(compile_module, "bindable_outputs", lambda *a, **k: set())
         if not views:
             m.setattr(method_module, "reshape_delegates", lambda *a, **k: {})
         return Runtime.get().load_program(pte).load_method("forward")
@@ -47,13 +50,29 @@ def _prefill(method, prompt: list[int]) -> np.ndarray:
     return method.execute([np.array([prompt], dtype=np.int64), np.arange(len(prompt), dtype=np.int64)])[0]
 
 
-def test_persistent_expands_bit_identical_across_runs_and_as_eager(decoder, monkeypatch):
+@pytest.mark.parametrize("what", ["expands", "bound outputs"])
+def test_persistent_expands_bit_identical_across_runs_and_as_eager(decoder, monkeypatch, what):
+    """Also the dynamic delegate outputs bound as the executor's arrays (``runtime._views.bindable_outputs``)."""
     from edgeport.testing.decoders import greedy_reference
 
     model, scheme, pte = decoder
-    on, off = _load(pte, True, monkeypatch), _load(pte, False, monkeypatch)
-    assert on.profile.persistent_expands >= 4  # K and V of both layers
-    assert off.profile.persistent_expands == 0
+    on = _load(pte, True, monkeypatch)
+    if what == "expands":
+        off = _load(pte, False, monkeypatch)
+        assert on.profile.persistent_expands >= 4  # K and V of both layers
+        assert off.profile.persistent_expands == 0
+    else:
+        off = _load(pte, True, monkeypatch, bind=False)
+        found = []
+        with monkeypatch.context() as m:
+            m.setattr(compile_module, "bindable_outputs",
+                      lambda *a, f=compile_module.bindable_outputs: found.append(f(*a)) or found[-1])
+            on = _load(pte, True, monkeypatch)
+        assert len(found[0]) >= 8  # the projections' and attention's dynamic outputs
+        _prefill(on, [1, 2, 3])
+        vals, arenas = on._runner._pool[0].vals, on._runner._pool[0].arenas
+        for o in found[0]:  # the executor's own arrays, outside planned memory
+            assert not any(np.shares_memory(vals[o], a) for a in arenas if a.size)
     prompt = [5, 17, 3, 99, 42]
     seen = []
     for m in (on, off):

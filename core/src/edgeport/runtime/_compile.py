@@ -18,19 +18,21 @@ import numpy as np
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport.program import schema as S
-from edgeport.runtime._cse import reuse_alias, reuse_result
+from edgeport.runtime._cse import reuse_alias, reuse_result, run_accesses
 from edgeport.runtime._delegates import Delegate
 from edgeport.runtime._fuse import FILL
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._kvexpand import expand_op, tracked_index_put
 from edgeport.runtime._memory import MemoryLayout
 from edgeport.runtime._values import MethodValues
+from edgeport.runtime._views import bindable_outputs
 from edgeport.runtime.kernel_utils import resize
 
 __all__ = ["JUMP", "CompiledChain", "ChainCompiler"]
 
 #: The function of a jump operation (the executor tests it by identity).
 JUMP = object()
+_nd = np.ndarray
 
 #: (operations, whether the chain jumps, a label per operation naming its instruction)
 CompiledChain = tuple[list[tuple], bool, list[str]]
@@ -80,6 +82,9 @@ class ChainCompiler:
 
     def compile(self) -> list[CompiledChain]:
         self.kernel_ops = 0
+        #: dynamic delegate outputs bound as the executor's own arrays
+        self.bindable = bindable_outputs(self.mv, self.plan, self.analysis, self.delegates,
+                                         run_accesses(self.mv, self.plan, self.analysis, self.delegates))
         return [self._compile_chain(ci, chain) for ci, chain in enumerate(self.plan.chains)]
 
     def _compile_chain(self, ci: int, chain: S.Chain) -> CompiledChain:
@@ -294,7 +299,7 @@ class ChainCompiler:
             elif sp.mem_id == 0:
                 targets.append(("unplanned", o, sp))
             elif sp.dynamic:
-                targets.append(("dynamic", o, self.layout.capacity[o]))
+                targets.append(("bind" if o in self.bindable else "dynamic", o, self.layout.capacity[o]))
             else:
                 targets.append(("static", o, sp))
         where = f"delegate {a.delegate_index} ({delegate.backend_id})"
@@ -308,7 +313,10 @@ class ChainCompiler:
                 got = "None" if outs is None else str(len(outs))
                 raise RuntimeExecutionError(f"{where} returned {got} outputs, the program expects {n_expected}")
             for (tk, o, extra), res in zip(targets, outs):
-                if tk == "static":
+                if tk == "bind" and res.__class__ is _nd and res.flags.owndata and res.dtype == vals[extra].dtype \
+                        and res.size <= vals[extra].size:
+                    vals[o] = res  # the executor's own array (runtime._views.bindable_outputs)
+                elif tk == "static":
                     dst = vals[o]
                     if res is dst:
                         continue
@@ -317,7 +325,7 @@ class ChainCompiler:
                         raise RuntimeExecutionError(
                             f"{where}: output shape {list(res.shape)} differs from the planned {list(dst.shape)}")
                     np.copyto(dst, res, casting="unsafe")
-                elif tk == "dynamic":
+                elif tk == "dynamic" or tk == "bind":
                     res = np.asarray(res)
                     dst = resize(vals[extra], res.shape)
                     if res is not dst and not (res.dtype == dst.dtype and res.strides == dst.strides

@@ -20,7 +20,8 @@ from edgeport.program import schema as S
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._values import MethodValues
 
-__all__ = ["delegate_outputs", "intact_until_last_read", "overlaps", "reshape_delegates", "written_by"]
+__all__ = ["bindable_outputs", "delegate_outputs", "intact_until_last_read", "overlaps", "reshape_delegates",
+           "written_by"]
 
 
 def overlaps(a: Any, b: Any) -> bool:
@@ -157,4 +158,46 @@ def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruc
                 continue  # an elided view reads the output's memory
             if intact_until_last_read((ci, ii), out, src, s_in, reads, writes, specs):
                 found[(ci, ii)] = (src, out)
+    return found
+
+
+def bindable_outputs(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
+                     delegates: Sequence[Any], accesses: tuple[dict, dict] | None) -> set[int]:
+    """Dynamically planned delegate outputs whose slot may hold the array the executor returns (when it owns its
+    memory and fits the planned bound) instead of a copy of it in planned memory: the output of a delegate called
+    once in the method, written by that call alone, read only after it in the same chain, no list item, method
+    input or state, and no elided view (a planned tensor nothing writes that something reads) overlaps its planned
+    memory. Nothing then reads that memory under another name, and a kernel writing the value would rebind its
+    slot. ``accesses`` is :func:`edgeport.runtime._cse.run_accesses`'s answer (``None``: a method with jumps)."""
+    if accesses is None:
+        return set()
+    reads, writes = accesses
+    kinds, specs = mv.kinds, mv.specs
+    viewed = analysis.viewed_delegates
+    view_outs = {o for _, o in viewed.values()}
+    writers, listed, never_written = written_by({at: w for at, w in writes.items() if at not in viewed}, mv, plan)
+    read_any = set().union(*reads.values()) if reads else set()
+    never_written = [sp for sp in never_written if sp.index not in view_outs and sp.index in read_any]
+    n_out = delegate_outputs(delegates)
+    calls: dict[int, int] = {}
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            if type(instr.instr_args) is S.DelegateCall:
+                di = instr.instr_args.delegate_index
+                calls[di] = calls.get(di, 0) + 1
+    protected = listed | set(plan.inputs) | analysis.state_tensors
+    found: set[int] = set()
+    for (ci, ii), w in writes.items():
+        a = plan.chains[ci].instructions[ii].instr_args
+        if type(a) is not S.DelegateCall or calls[a.delegate_index] != 1 or a.delegate_index not in n_out \
+                or (ci, ii) in viewed:
+            continue
+        args = list(a.args)
+        for o in args[len(args) - n_out[a.delegate_index]:]:
+            sp = specs.get(o) if kinds[o] is S.Tensor else None
+            if sp is None or not sp.dynamic or not sp.mem_id or sp.constant is not None or o in protected \
+                    or writers.get(o) != {(ci, ii)} or any(overlaps(sp, x) for x in never_written):
+                continue
+            if all(c == ci and j > ii for (c, j), r in reads.items() if o in r and (c, j) != (ci, ii)):
+                found.add(o)
     return found
