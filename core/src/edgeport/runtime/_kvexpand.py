@@ -42,13 +42,13 @@ _MAX_DIRTY = 16
 
 class ExpandTracker:
     """Per execution context and persistent expand: whether its out tensor holds the expand of the cache as of
-    the last refresh, and the ``(cache dim, start, stop)`` ranges written since."""
+    the last refresh, and the ``(cache dim, slice of it)`` rows written since."""
 
     __slots__ = ("dirty", "valid")
 
     def __init__(self) -> None:
         self.valid = False
-        self.dirty: list[tuple[int, int, int]] = []
+        self.dirty: list[tuple[int, slice]] = []
 
 
 @dataclass(frozen=True)
@@ -156,41 +156,42 @@ def tracked_index_put(self: np.ndarray, indices: Any, values: Any, accumulate: b
                       *trackers: ExpandTracker) -> np.ndarray:
     """``aten::index_put_`` on a cache whose persistent expands follow it: records the rows it writes."""
     at = None if accumulate else _shape._one_position(self, indices)
-    d = -1
-    if at is not None:
-        for k, s in enumerate(at):
-            if s != slice(None):
-                d = k
+    if at is None:
+        for t in trackers:
+            t.valid = False
+        return _shape.index_put_inplace(self, indices, values, accumulate)
+    d = 0
+    for k, ix in enumerate(indices):  # _one_position's key: one index tensor, the other dims whole
+        if ix is not None:
+            d = k
     for t in trackers:
         if t.valid:
-            if d < 0 or len(t.dirty) >= _MAX_DIRTY:
-                t.valid = False
+            if len(t.dirty) < _MAX_DIRTY:
+                t.dirty.append((d, at[d]))
             else:
-                t.dirty.append((d, at[d].start, at[d].stop))
-    if at is not None:
-        self[at] = values
-        return self
-    return _shape.index_put_inplace(self, indices, values, accumulate)
+                t.valid = False
+    self[at] = values
+    return self
 
 
 def expand_op(pe: PersistentExpand, full: Callable[..., Any]) -> Callable[..., Any]:
     """The operation of a persistent expand: ``op(view, size, implicit, out, tracker)``; ``full`` is the
     ``expand_copy`` kernel (the first run, and after writes the tracker could not describe)."""
     vdims = pe.dims
+    #: cache dim -> (the view's and the out tensor's whole dims before it), made on first use
+    prefixes: dict[int, tuple[tuple[slice, ...], tuple[slice, ...]]] = {}
 
     def expand_persistent(view, size, implicit, out, tracker):
         if tracker.valid:
             tracker.valid = False  # until the rows are in (an error leaves the next run a full copy)
-            lead = out.ndim - view.ndim
-            for d, start, stop in tracker.dirty:
-                vd = vdims.get(d)
-                if vd is None:  # a size-1 cache dim: everything
-                    return _full(view, size, implicit, out, tracker)
-                kv = [slice(None)] * view.ndim
-                kv[vd] = slice(start, stop)
-                ke = [slice(None)] * out.ndim
-                ke[lead + vd] = kv[vd]
-                np.copyto(out[tuple(ke)], view[tuple(kv)])
+            for d, rows in tracker.dirty:
+                pre = prefixes.get(d)
+                if pre is None:
+                    vd = vdims.get(d)
+                    if vd is None:  # a size-1 cache dim: everything
+                        return _full(view, size, implicit, out, tracker)
+                    pre = prefixes[d] = ((slice(None),) * vd, (slice(None),) * (out.ndim - view.ndim + vd))
+                np.copyto(out[pre[1] + (rows,)], view[pre[0] + (rows,)])
             tracker.dirty.clear()
             tracker.valid = True
             return out
