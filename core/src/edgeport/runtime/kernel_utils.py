@@ -46,6 +46,12 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return np.broadcast_shapes(*shapes)
 
 
+@lru_cache(maxsize=4096)
+def _numel(shape: tuple[int, ...]) -> int:
+    """The number of elements of ``shape``, -1 when a size is negative (cached: a program's shapes repeat)."""
+    return -1 if shape and min(shape) < 0 else prod(shape)
+
+
 def resize(out: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """A view of ``out``'s memory with ``shape`` (same dim order); ``out`` itself when the shape is unchanged.
 
@@ -55,9 +61,9 @@ def resize(out: np.ndarray, shape: Sequence[int]) -> np.ndarray:
         shape = tuple(map(int, shape))
     if out.shape == shape:
         return out
-    n = prod(shape)
-    if n > out.size or (shape and min(shape) < 0):
-        if shape and min(shape) < 0:
+    n = _numel(shape)
+    if n > out.size or n < 0:
+        if n < 0:
             raise RuntimeExecutionError(f"an output cannot have the negative shape {list(shape)}")
         raise RuntimeExecutionError(
             f"an output needs shape {list(shape)} ({n} elements) but its planned buffer has shape "
