@@ -67,16 +67,19 @@ def native_kind_ok(node: XNode, is_static: Callable[[int], bool], lib: native.Li
 
 
 def define_node(sg: native.Subgraph, node: XNode, ids: dict[int, int], out_dims: dict[int, tuple[int, ...]],
-                new_internal: Callable[[tuple[int, ...]], int]) -> None:
-    """Define ``node`` in ``sg``; ``ids`` maps blob value ids to subgraph ids (``INVALID_ID`` to itself)."""
+                new_internal: Callable[[tuple[int, ...]], int],
+                io: tuple[list[int], list[int]] | None = None) -> None:
+    """Define ``node`` in ``sg``; ``ids`` maps blob value ids to subgraph ids (``INVALID_ID`` to itself); ``io``:
+    the node's ``(inputs(), outputs())`` when the caller has them."""
     k, g = node.kind, node.get
 
     def v(name: str) -> int:
         return ids[g(name)]
 
     lo, hi = _minmax(node)
-    ins = [ids[i] for i in node.inputs()]
-    outs = [ids[o] for o in node.outputs()]
+    node_ins, node_outs = io if io is not None else (node.inputs(), node.outputs())
+    ins = [ids[i] for i in node_ins]
+    outs = [ids[o] for o in node_outs]
     if k in _BINARY:
         sg.define(_BINARY[k], lo, hi, v("input1_id"), v("input2_id"), v("output_id"), 0, inputs=ins, outputs=outs)
     elif k in _BINARY_NO_MINMAX:

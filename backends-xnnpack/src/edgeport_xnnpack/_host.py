@@ -321,28 +321,32 @@ class HostSegment:
     """
 
     def __init__(self, nodes: Sequence[XNode], ops: Sequence[HostOp], materialize: set[int],
-                 dims: Callable[[int], tuple[int, ...]]) -> None:
-        produced = {o: j for j, n in enumerate(nodes) for o in n.outputs()}
+                 dims: Callable[[int], tuple[int, ...]],
+                 io: Sequence[tuple[list[int], list[int]]] | None = None) -> None:
+        """``io``: each node's ``(inputs(), outputs())`` when the caller has them (the planner keeps them)."""
+        if io is None:
+            io = [(n.inputs(), n.outputs()) for n in nodes]
+        produced = {o: j for j, (_, outs) in enumerate(io) for o in outs}
         readers: dict[int, list[int]] = {}
-        for j, n in enumerate(nodes):
-            for v in set(n.inputs()):
+        for j, (ins, _) in enumerate(io):
+            for v in set(ins):
                 readers.setdefault(v, []).append(j)
         ops = list(ops)
         # a multiply by a one-element value whose result only reaches a matrix product's second operand (through
         # reshapes): the product scales that operand itself (K^T * scale, read in place from the key cache)
-        aliased, scales = fused_scales(nodes, ops, materialize, readers, dims) if _bmm is not None else ({}, {})
+        aliased, scales = fused_scales(nodes, ops, materialize, readers, dims, io) if _bmm is not None else ({}, {})
         for b, scale in scales.items():
-            ops[b] = _matmul(nodes[b], [dims(v) for v in nodes[b].inputs()], dims(nodes[b].outputs()[0]), scaled=True)
+            ops[b] = _matmul(nodes[b], [dims(v) for v in io[b][0]], dims(io[b][1][0]), scaled=True)
         # target[u] = (materialized root value, u's shape): u is computed straight into the root's buffer
         target: dict[int, tuple[int, tuple[int, ...]]] = {}
         skip: set[int] = set()
         for j in reversed(range(len(nodes))):
             n, op = nodes[j], ops[j]
-            o = n.outputs()[0]
             if not (op.view and n.kind == "XNNStaticReshape"):
                 continue
+            o = io[j][1][0]
             root = o if o in materialize else target.get(o, (None,))[0]
-            u = n.inputs()[0]
+            u = io[j][0][0]
             if root is None or u in materialize or u not in produced or readers.get(u) != [j]:
                 continue
             target[u] = (root, dims(u))
@@ -351,14 +355,14 @@ class HostSegment:
         source: dict[int, int] = {}  # node -> the value it reshapes instead of its input
         dropped: set[int] = set()
         for j, n in enumerate(nodes):
-            u = n.inputs()[0] if n.inputs() else None
+            u = io[j][0][0] if io[j][0] else None
             i = produced.get(u, -1)
             if j in skip or i < 0 or i in skip or not (_is_view_reshape(n, ops[j]) and
                                                      _is_view_reshape(nodes[i], ops[i])):
                 continue
             if u in materialize or u in target or readers.get(u) != [j]:
                 continue
-            source[j] = source.get(i, nodes[i].inputs()[0])
+            source[j] = source.get(i, io[i][0][0])
             dropped.add(i)
         self.program: list[Callable[[dict[int, np.ndarray]], None]] = []
         outside: set[int] = set()  # values the program reads that come from outside the segment
@@ -366,7 +370,7 @@ class HostSegment:
         for j, (n, op) in enumerate(zip(nodes, ops, strict=True)):
             if j in skip or j in dropped:
                 continue
-            ins, o = list(n.inputs())[:op.reads], n.outputs()[0]
+            ins, o = list(io[j][0])[:op.reads], io[j][1][0]
             if j in source:
                 ins = [source[j]]
             if j in aliased:  # the multiply's operand stands for its result (the product applies the scale)

@@ -36,6 +36,8 @@ def absorb_scaled_transposes(nodes: list[XNode], placement: Any, dims: dict[int,
     if _host._bmm is None:
         return []
     sides, views = placement.sides, placement.views
+    if not any(n.kind == "XNNBatchMatrixMultiply" and sides[b] == "H" for b, n in enumerate(nodes)):
+        return []  # no candidate product: skip building the maps below
     producer = {o: i for i, n in enumerate(nodes) for o in n.outputs()}
     readers: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -85,19 +87,21 @@ def absorb_scaled_transposes(nodes: list[XNode], placement: Any, dims: dict[int,
 
 
 def fused_scales(nodes: Sequence[XNode], ops: Sequence[HostOp], materialize: set[int],
-                  readers: dict[int, list[int]],
-                  dims: Callable[[int], tuple[int, ...]]) -> tuple[dict[int, int], dict[int, int]]:
+                 readers: dict[int, list[int]], dims: Callable[[int], tuple[int, ...]],
+                 io: Sequence[tuple[list[int], list[int]]] | None = None) -> tuple[dict[int, int], dict[int, int]]:
     """``({multiply: its other operand}, {product: the scale value})`` for each unclamped ``XNNMultiply`` of a
     float32 operand by a one-element value whose result, never materialized, reaches only the second operand of an
     ``XNNBatchMatrixMultiply`` through single-reader reshapes (which ``_matmul(scaled=True)``
-    then runs as ``a @ (b * s)``)."""
+    then runs as ``a @ (b * s)``); ``io``: each node's ``(inputs(), outputs())`` when the caller has them."""
+    if io is None:
+        io = [(n.inputs(), n.outputs()) for n in nodes]
     aliased: dict[int, int] = {}
     scales: dict[int, int] = {}
     for j, n in enumerate(nodes):
         if n.kind != "XNNMultiply" or not _unclamped(n):
             continue
-        a, b = n.inputs()[:2]
-        o = n.outputs()[0]
+        a, b = io[j][0][:2]
+        o = io[j][1][0]
         one = [v for v in (a, b) if math.prod(dims(v)) == 1]
         if len(one) != 1 or a == b:
             continue
@@ -110,15 +114,15 @@ def fused_scales(nodes: Sequence[XNode], ops: Sequence[HostOp], materialize: set
             if len(r) != 1 or v in materialize:
                 ok = False
             elif nodes[r[0]].kind == "XNNStaticReshape" and ops[r[0]].view:
-                v = nodes[r[0]].outputs()[0]
+                v = io[r[0]][1][0]
             else:
                 break
         if not ok:
             continue
         p = readers[v][0]
-        pn = nodes[p]
-        if pn.kind == "XNNBatchMatrixMultiply" and len(pn.inputs()) == 2 and pn.inputs()[1] == v and \
-                pn.inputs()[0] != v and p not in scales:
+        p_in = io[p][0]
+        if nodes[p].kind == "XNNBatchMatrixMultiply" and len(p_in) == 2 and p_in[1] == v and \
+                p_in[0] != v and p not in scales:
             aliased[j], scales[p] = x, one[0]
     return aliased, scales
 

@@ -38,11 +38,15 @@ class ShapeError(ValueError):
         self.index, self.node = index, node
 
 
-def infer_dims(nodes: Sequence[XNode], declared: Mapping[int, Dims], given: Mapping[int, Dims]) -> dict[int, Dims]:
+def infer_dims(nodes: Sequence[XNode], declared: Mapping[int, Dims], given: Mapping[int, Dims],
+               outputs: Sequence[Sequence[int]] | None = None) -> dict[int, Dims]:
     """Every value's dims when the external inputs have the ``given`` dims (value id -> dims); values no node
-    produces (constants, and inputs not in ``given``) keep their ``declared`` dims."""
+    produces (constants, and inputs not in ``given``) keep their ``declared`` dims. ``outputs``: each node's
+    ``outputs()`` when the caller keeps them."""
     dims: dict[int, Dims] = dict(declared)
     dims.update(given)
+    if outputs is None:
+        outputs = [node.outputs() for node in nodes]
     for i, node in enumerate(nodes):
         try:
             out = output_dims(node, dims.__getitem__, declared)
@@ -54,7 +58,7 @@ def infer_dims(nodes: Sequence[XNode], declared: Mapping[int, Dims], given: Mapp
             raise ShapeError(i, node, out)
         if any(d < 1 for d in out):
             raise ShapeError(i, node, f"output dims {list(out)} would be empty")
-        for o in node.outputs():
+        for o in outputs[i]:
             dims[o] = out
     return dims
 

@@ -77,6 +77,8 @@ class Planner:
         # load's rewrites are done, before the first plan): each node's inputs and outputs, why a kind is not native
         self._io: list[tuple[list[int], list[int]]] | None = None
         self._kind_why: dict[tuple[int, str], str | None] = {}
+        self._padded: dict[int, np.ndarray] = {}  # constant id -> its padded copy (see _padded_const)
+        self._groups: dict[tuple[str, ...], list[tuple[str, list[int]]]] = {}  # sides -> schedule (see _schedule)
 
     def close_shared(self) -> None:
         """Delete the packed fully connected operators (and close every plan's runs of them)."""
@@ -200,7 +202,7 @@ class Planner:
         placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm,
                        fc, io)
         absorb_scaled_transposes(nodes, placed, self.dims)  # the attention's K^T * scale read in place (_host_place)
-        groups = schedule(nodes, placed.sides, io)
+        groups = self._schedule(nodes, placed.sides, io)
         producer: dict[int, int] = {}
         for gi, (_, idx) in enumerate(groups):
             for j in idx:
@@ -234,7 +236,7 @@ class Planner:
                 elif side == "F":
                     steps.append(self._fully_connected(group[0], pool))
                 else:
-                    steps.append(self._host(group, external))
+                    steps.append(self._host(group, [io[j] for j in idx], external))
                 steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
                 named = self.event_ids.get(id(group[0])) if len(group) == 1 else None
                 steps[-1].event_id = named[1] if named is not None and named[0] is group[0] else ""
@@ -253,19 +255,29 @@ class Planner:
             raise
         return steps, buffers
 
-    def _host(self, group: list[XNode], materialize: set[int]) -> HostStep:
+    def _schedule(self, nodes: list[XNode], sides: list[str],
+                  io: list[tuple[list[int], list[int]]]) -> list[tuple[str, list[int]]]:
+        """``schedule`` of these sides, computed once per distinct placement (it depends on nothing else: the
+        nodes' inputs and outputs do not change between plans). The groups are shared: read them only."""
+        key = tuple(sides)
+        groups = self._groups.get(key)
+        if groups is None:
+            groups = self._groups[key] = schedule(nodes, sides, io)
+        return groups
+
+    def _host(self, group: list[XNode], io: list[tuple[list[int], list[int]]], materialize: set[int]) -> HostStep:
         ops = []
-        for n in group:
+        dims = self.dims
+        for n, (ins, outs) in zip(group, io, strict=True):
             try:
-                op = qd8_op(n, self.dims[n.inputs()[0]], self.dims[n.outputs()[0]], self.pool) if QD8 in n.fields \
-                    else product_op(n, self.values, self.dims, self.const, self.pool, self.products)
-                ops.append(op or make_host_op(n, [self.dims[i] for i in n.inputs()], self.dims[n.outputs()[0]],
-                                              self.pool))
+                op = qd8_op(n, dims[ins[0]], dims[outs[0]], self.pool) if QD8 in n.fields \
+                    else product_op(n, self.values, dims, self.const, self.pool, self.products)
+                ops.append(op or make_host_op(n, [dims[i] for i in ins], dims[outs[0]], self.pool))
             except ValueError as exc:
                 raise fail(f"{n.kind}: {exc}") from exc
         kinds = sorted({n.kind.removeprefix("XNN") for n in group})
-        return HostStep(HostSegment(group, ops, materialize, self.dims.__getitem__),
-                     f"host[{len(group)} nodes: {', '.join(kinds)}]")
+        return HostStep(HostSegment(group, ops, materialize, dims.__getitem__, io),
+                        f"host[{len(group)} nodes: {', '.join(kinds)}]")
 
     def _shuffle(self, n: XNode, sd: tuple[int, int, int], pool: native.ThreadPool | None) -> ShuffleStep:
         try:
@@ -319,9 +331,10 @@ class Planner:
                 v, dims = self.values[vid], self.dims[vid]
                 data = None
                 if vid in self.const:
-                    data = np.ascontiguousarray(self.const[vid])
                     if vid not in weights or vid in others:
-                        data = _padded_copy(data)  # XNNPACK keeps a pointer to non-packed static data
+                        data = self._padded_const(vid)  # XNNPACK keeps a pointer to non-packed static data
+                    else:
+                        data = np.ascontiguousarray(self.const[vid])
                 if vid in ext_at:
                     k = ext_at[vid]
                     flags = native.FLAG_EXTERNAL_OUTPUT if vid in produced else native.FLAG_EXTERNAL_INPUT
@@ -333,8 +346,8 @@ class Planner:
             def new_internal(dims: tuple[int, ...]) -> int:
                 return sg.define_tensor(FP32, dims)
 
-            for n in nodes:
-                define_node(sg, n, ids, self.dims, new_internal)
+            for n, n_io in zip(nodes, io, strict=True):
+                define_node(sg, n, ids, self.dims, new_internal, n_io)
             runtime = native.Runtime(sg, pool)
         except (native.XnnpackError, ValueError) as exc:
             raise fail(f"step {gi} ({', '.join(sorted({n.kind for n in nodes}))}): {exc}") from exc
@@ -342,6 +355,14 @@ class Planner:
             sg.close()
         by_ext = dict(bind)
         return NativeStep(runtime, [by_ext[k] for k in runtime.order], f"xnnpack[{len(nodes)} nodes]")
+
+    def _padded_const(self, vid: int) -> np.ndarray:
+        """A padded copy of constant ``vid`` for a native runtime to read in place, made once and shared by every
+        plan's runtimes (none writes it; the planner keeps it alive as long as the handle)."""
+        data = self._padded.get(vid)
+        if data is None:
+            data = self._padded[vid] = _padded_copy(np.ascontiguousarray(self.const[vid]))
+        return data
 
     @staticmethod
     def _define(sg: native.Subgraph, v: TensorValue, dims: tuple[int, ...], data: np.ndarray | None, ext: int,

@@ -72,6 +72,8 @@ class Specializer:
                  outputs: list[tuple[int, Dims]], build: Build, capacity: int,
                  on_close: Callable[[], None] | None = None) -> None:
         self.nodes, self.declared, self.inputs, self.outputs = list(nodes), dict(declared), inputs, outputs
+        # each node's output ids, read once: the nodes no longer change once the handle is loaded
+        self.node_outputs = [n.outputs() for n in self.nodes]
         self.build, self.capacity = build, capacity
         self.on_close = on_close  # frees what every plan shares (the handle's packed operators), after the plans
         self.cache: OrderedDict[tuple[Dims, ...], Plan] = OrderedDict()
@@ -99,7 +101,8 @@ class Specializer:
                                         f"({ENV}=0)")
         where = f"input shapes {[list(s) for s in key]}"
         try:
-            dims = infer_dims(self.nodes, self.declared, {vid: s for (vid, _), s in zip(self.inputs, key)})
+            dims = infer_dims(self.nodes, self.declared, {vid: s for (vid, _), s in zip(self.inputs, key)},
+                              self.node_outputs)
         except ShapeError as exc:
             raise RuntimeExecutionError(f"{BACKEND_ID}: cannot run {where}: {exc}") from exc
         outputs = [(vid, dims[vid]) for vid, _ in self.outputs]

@@ -142,12 +142,17 @@ def _status_name(code: int) -> str:
 
 
 def _u32(value: Any, what: str) -> int:
+    if type(value) is int and 0 <= value <= 0xFFFFFFFF:
+        return value  # the common case, checked first
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) <= 0xFFFFFFFF:
         raise XnnpackError(f"{what} must be an integer in 0..2**32-1, got {value!r}")
     return int(value)
 
 
 def _dims(dims: Iterable[Any], what: str = "dims") -> list[int]:
+    if type(dims) is tuple and len(dims) <= MAX_TENSOR_DIMS and all(type(d) is int and 0 <= d <= 0x7FFFFFFF
+                                                                    for d in dims):
+        return list(dims)  # the common case (a planner's dims), checked first
     out = [int(d) if isinstance(d, (int, np.integer)) and not isinstance(d, bool) else -1 for d in dims]
     if len(out) > MAX_TENSOR_DIMS:
         raise XnnpackError(f"{what}: {len(out)} dimensions, XNNPACK allows at most {MAX_TENSOR_DIMS}")
@@ -157,10 +162,11 @@ def _dims(dims: Iterable[Any], what: str = "dims") -> list[int]:
 
 
 def _size_array(values: Sequence[int]) -> Any:
-    arr = (c_size_t * max(len(values), 1))()
-    for i, v in enumerate(values):
-        arr[i] = v
-    return arr
+    n = len(values)
+    return (_SIZE_ARRAYS[n] if n < len(_SIZE_ARRAYS) else c_size_t * n)(*values)
+
+
+_SIZE_ARRAYS = [c_size_t * max(n, 1) for n in range(9)]  # made once: an array type costs more than its array
 
 
 class Library:

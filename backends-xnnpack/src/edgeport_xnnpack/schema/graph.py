@@ -155,17 +155,40 @@ class XNode:
         value = self.fields.get(name)
         if value is not None:
             return value
-        return [] if name in ("perm", "new_shape", "offsets", "sizes", "pre_paddings", "post_paddings") else 0
+        return [] if name in _LIST_FIELDS else 0
 
     def inputs(self) -> list[int]:
         """Value ids this node reads (``INVALID_ID`` entries, e.g. a missing bias, left out)."""
-        names = [f for f, _ in node_layout(self.kind) if f in INPUT_FIELDS]
-        if self.kind in CAT_INPUTS:
-            names = [f"input{i + 1}_id" for i in range(CAT_INPUTS[self.kind])]
-        return [self.get(f) for f in names if self.get(f) != INVALID_ID]
+        get = self.fields.get
+        out = []
+        for f in id_fields(self.kind)[0]:
+            v = get(f)
+            if v is None:
+                v = 0
+            if v != INVALID_ID:
+                out.append(v)
+        return out
 
     def outputs(self) -> list[int]:
-        return [self.get(f) for f, _ in node_layout(self.kind) if f in OUTPUT_FIELDS]
+        get = self.fields.get
+        return [0 if (v := get(f)) is None else v for f in id_fields(self.kind)[1]]
+
+
+_LIST_FIELDS = frozenset(("perm", "new_shape", "offsets", "sizes", "pre_paddings", "post_paddings"))
+_ID_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def id_fields(kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of the fields of a node kind that hold the value ids it reads and writes, in order (computed once
+    per kind; the ids themselves are read from a node's fields on every call, as they may be rewritten)."""
+    names = _ID_FIELDS.get(kind)
+    if names is None:
+        layout = node_layout(kind)
+        ins = tuple(f for f, _ in layout if f in INPUT_FIELDS)
+        if kind in CAT_INPUTS:
+            ins = tuple(f"input{i + 1}_id" for i in range(CAT_INPUTS[kind]))
+        names = _ID_FIELDS[kind] = (ins, tuple(f for f, _ in layout if f in OUTPUT_FIELDS))
+    return names
 
 
 @dataclass
