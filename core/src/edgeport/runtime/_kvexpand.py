@@ -8,13 +8,13 @@ cannot describe). Results are bit-identical to the full copy.
 
 Applied to an ``expand_copy.out`` call (the portable kernel) whose input is a cache ``S`` or a reshaped view of it
 (:mod:`._views`) that only inserts size-1 dims, when: the method has no jumps; ``S`` is a statically planned,
-C-ordered tensor (no method input or output, no list item, its slot never rebound, no constant) and every write
+C-ordered tensor (no method input or output, no list item, its slot never rebound, no constant); every write
 to ``S``, to its view, to any planned tensor overlapping its memory, or to any tensor outside planned memory (a
-view of anything) is a portable ``index_put_`` on ``S`` itself; the out tensor ``E`` is statically planned and
-C-ordered, written by this call alone, no method input or output, list item, state, reshape view's input or
-output, and no elided view (a planned tensor nothing writes) overlaps its memory; ``size`` and ``implicit`` are
-constants. Delegates write only the outputs their executors declare (``num_outputs``; else every argument counts
-as written).
+view of anything) is a portable ``index_put_`` on ``S`` itself, and no delegate call takes any of them (a
+delegate may update state in place); the out tensor ``E`` is statically planned and C-ordered, written by this
+call alone, no method input or output, list item, state, reshape view's input or output, and no elided view (a
+planned tensor nothing writes) overlaps its memory; ``size`` and ``implicit`` are constants. Delegates write only
+the outputs their executors declare (``num_outputs``; else every argument counts as written).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class PersistentExpand:
 
 
 def persistent_expands(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
-                       template: list[Any], delegates: Sequence[Any] = ()) -> dict[tuple[int, int], PersistentExpand]:
+                       delegates: Sequence[Any] = ()) -> dict[tuple[int, int], PersistentExpand]:
     """``(chain, instruction) -> PersistentExpand`` of the ``expand_copy`` calls whose result persists."""
     access = run_accesses(mv, plan, analysis, delegates)
     if access is None:
@@ -94,17 +94,25 @@ def persistent_expands(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instru
         return at in analysis.fused or at in analysis.fused_away or at in analysis.reused
 
     def cache_writers(src: int, view: int) -> tuple[tuple[int, int], ...] | None:
-        """The ``index_put_`` calls on ``src`` when they are all that writes its memory, else ``None``."""
+        """The ``index_put_`` calls on ``src`` when they are all that writes its memory, else ``None``; also
+        ``None`` when a delegate call takes the cache (a delegate may update state in place)."""
         s_src = specs[src]
-        found = []
-        for at, w in writes.items():
-            hit = False
-            for t in w:
+
+        def touches(ts: set[int]) -> bool:
+            for t in ts:
                 st = specs.get(t) if kinds[t] is S.Tensor else None
                 if t in (src, view) or (st is not None and st.constant is None
                                         and (not st.mem_id or (t not in view_src and overlaps(st, s_src)))):
-                    hit = True
-            if not hit:
+                    return True
+            return False
+
+        found = []
+        for at, r in reads.items():
+            if at not in viewed and type(plan.chains[at[0]].instructions[at[1]].instr_args) is S.DelegateCall \
+                    and touches(r):
+                return None
+        for at, w in writes.items():
+            if not touches(w):
                 continue
             call = analysis.chains[at[0]][at[1]]
             if call is None or call.folded or skipped(at) or call.name not in _INDEX_PUT \

@@ -83,8 +83,7 @@ class MethodPlan:
             for ci, ii in analysis.aliased:  # their out slots now change during a run
                 call = analysis.chains[ci][ii]
                 analysis.rw.add(call.params[call.outs[0]])  # type: ignore[union-attr]
-            analysis.persistent = persistent_expands(mv, plan, analysis, self.static_template,
-                                                     self._delegates.items)
+            analysis.persistent = persistent_expands(mv, plan, analysis, self._delegates.items)
             self.profile.persistent_expands = len(analysis.persistent)
         self._layout = MemoryLayout(mv, self.static_template, analysis.viewed_delegates.values(),
                                     [(at, pe.out) for at, pe in analysis.persistent.items()])
