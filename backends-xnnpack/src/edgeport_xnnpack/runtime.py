@@ -272,7 +272,13 @@ class XnnpackExecutor(RuntimeExecutor):
                 dims = tuple(d for _, d in plan.outputs)
                 if plan is not handle:  # known() moved its key (the cache's own tuple) to the end
                     handle.memo = (next(reversed(handle.specializer.cache)), plan, call, dims)
-            if out is None or len(out) == len(dims) and all(a is None for a in out):
+            fresh = out is None or len(out) == len(dims)
+            if fresh and out is not None:
+                for a in out:
+                    if a is not None:
+                        fresh = False
+                        break
+            if fresh:
                 results = [np.empty(d, _F32) for d in dims]
             else:
                 try:
