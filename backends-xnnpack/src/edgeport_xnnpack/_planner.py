@@ -76,6 +76,7 @@ class Planner:
         # what every plan derives from the nodes alone (shape-independent; the nodes no longer change once
         # load's rewrites are done, before the first plan): each node's inputs and outputs, why a kind is not native
         self._io: list[tuple[list[int], list[int]]] | None = None
+        self._may_view: list[int] = []  # indices of the nodes _as_reshape may replace (set with _io)
         self._kind_why: dict[tuple[int, str], str | None] = {}
         self._padded: dict[int, np.ndarray] = {}  # constant id -> its padded copy (see _padded_const)
         self._groups: dict[tuple[str, ...], list[tuple[str, list[int]]]] = {}  # sides -> schedule (see _schedule)
@@ -187,11 +188,14 @@ class Planner:
         """Each blob node's ``(inputs(), outputs())``, computed once (a view planned as a reshape keeps them)."""
         if self._io is None:
             self._io = [(n.inputs(), n.outputs()) for n in self.g.nodes]
+            self._may_view = [i for i, n in enumerate(self.g.nodes) if n.kind in ("XNNStaticTranspose", "XNNCopy")]
         return self._io
 
     def plan(self, inputs: list[int], outputs: list[int], pool: native.ThreadPool | None) -> tuple[list, dict]:
-        nodes = [self._as_reshape(n) for n in self.g.nodes]
         io = self.node_io()
+        nodes = list(self.g.nodes)
+        for i in self._may_view:  # only these kinds can be views planned as reshapes (see is_view)
+            nodes[i] = self._as_reshape(nodes[i])
         self.pool = pool
         const = set(self.const)
         gemm = frozenset(i for i, n in enumerate(nodes)
