@@ -5,7 +5,9 @@ closure running a delegate, a move, a free), ``get`` an :func:`operator.itemgett
 ``post``, where a result must be stored (dynamic shapes, scalars, lists, delegates), ``post(vals, result)``.
 A list value over slots that change during a run is rebuilt by a resolver operation just before its use.
 ``JumpFalseCall`` becomes ``(JUMP, condition slot, destination op index)``. A delegate call whose executor takes
-``out=`` gets the planned arrays of its outputs to write into, except where they could overlap its inputs.
+``out=`` gets the planned arrays of its outputs to write into, except where they could overlap its inputs; a
+dynamically planned output that nothing reads under another name takes the executor's own array
+(:func:`._views.bindable_outputs`) instead of a copy of it.
 """
 
 from __future__ import annotations

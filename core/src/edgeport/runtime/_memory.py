@@ -5,7 +5,8 @@ view into its arena at its planned offset, shaped with its planned (for dynamic 
 laid out in its ``dim_order``. A planned dynamic tensor also has a "capacity" slot that keeps the upper-bound
 view (kernels receive it as their out argument) while the value slot holds a view with the actual shape.
 The output of a delegate call run as a view (:mod:`._views`) has no memory of its own: its slot is a reshaped view
-of the call's input.
+of the call's input. The out tensor of a persistent expand (:mod:`._kvexpand`) has memory of its own outside the
+arenas, and its tracker a slot of its own.
 """
 
 from __future__ import annotations
