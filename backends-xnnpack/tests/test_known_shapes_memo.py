@@ -90,6 +90,25 @@ def test_memo_keeps_the_lru_order_and_never_runs_an_evicted_plan():
         ex.destroy(handle)
 
 
+
+def test_memo_is_not_trusted_for_a_plan_the_cache_no_longer_holds():
+    """A plan dropped from the cache without being closed (never done today) is not run from the memo."""
+    ex = XnnpackExecutor(num_threads=1)
+    handle = _single_delegate("linear", ex)
+    try:
+        x = _x(3, 0)
+        ref = ex.execute(handle, [x], [None])[0]
+        ex.execute(handle, [x], [None])  # the memo is set
+        dropped = handle.memo[1]
+        handle.specializer.cache.clear()  # (kept alive: closed with the handle below)
+        np.testing.assert_array_equal(ex.execute(handle, [x], [None])[0], ref)  # made again on the general path
+        np.testing.assert_array_equal(ex.execute(handle, [x], [None])[0], ref)
+        assert handle.memo[1] is handle.specializer.cache[((1, 3, 32),)] is not dropped
+        dropped.close()
+    finally:
+        ex.destroy(handle)
+
+
 def test_memo_hits_refuse_what_the_general_path_refuses():
     ex = XnnpackExecutor(num_threads=1)
     handle = _single_delegate("linear", ex)

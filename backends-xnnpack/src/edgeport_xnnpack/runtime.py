@@ -255,13 +255,15 @@ class XnnpackExecutor(RuntimeExecutor):
             if not handle.alive:
                 raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
             memo = handle.memo
-            plan: XnnpackHandle | Plan | None
-            if memo is not None and memo[0] == shapes and memo[1].direct is memo[2]:
-                stored, plan, call, dims = memo  # still cached (a closed plan has no direct call)
+            plan: XnnpackHandle | Plan | None = None
+            if memo is not None and memo[0] == shapes and memo[1].direct is memo[2]:  # (a closed plan has none)
                 cache = handle.specializer.cache
-                if next(reversed(cache)) is not stored:  # keep the cache's least-recently-used order exact
+                if next(reversed(cache), None) is memo[0]:  # the most recently used already
+                    stored, plan, call, dims = memo
+                elif cache.get(memo[0]) is memo[1]:  # keep the cache's least-recently-used order exact
+                    stored, plan, call, dims = memo
                     cache.move_to_end(stored)
-            else:
+            if plan is None:
                 if shapes == handle.declared:
                     plan, call = handle, None if skip_declared else handle.direct
                 else:
