@@ -77,6 +77,26 @@ def test_fused_guard_equals_the_six_kernels(fill):
     assert n > 100 and failing > 0
 
 
+def test_fused_guard_reused_across_inputs_equals_the_six_kernels():
+    """One fused op called on a sequence of inputs (it remembers which exact test told the rows apart last time:
+    a decode step's causal mask), forwards and backwards, against the six kernels on each input."""
+    groups: dict[tuple, list] = {}
+    for x, dim, keepdim, s, fill_first in _cases():
+        if x.size and keepdim:
+            groups.setdefault((x.shape, dim, keepdim, s, fill_first), []).append(x)
+    n = 0
+    for (_, dim, keepdim, s, fill_first), xs in groups.items():
+        op = _guard_op(s, dim, keepdim, 0.0, np.dtype(np.float32), K["aten::where.self_out"])
+        for x in xs + xs[::-1] + xs:
+            y = (x * 2).astype(np.float32)
+            want = _unfused_guard(x, y, y, s, dim, keepdim, 0.0, fill_first)
+            out = np.full(tuple(k + 3 for k in y.shape), 7.0, np.float32)
+            got = op(*((x, y, None, y, out) if fill_first else (x, y, y, None, out)))
+            np.testing.assert_array_equal(got, want)
+            n += 1
+    assert n > 300
+
+
 def test_fused_guard_casts_into_the_output_dtype_as_where_does():
     x = np.array([[0.0, float("-inf")], [1.0, 2.0]], np.float32)
     y = np.array([[1.5, 2.5], [3.5, -4.5]], np.float32)

@@ -30,26 +30,46 @@ __all__ = ["FILL", "masked_row_guards"]
 #: marks the ``where`` argument that is the ``full_like`` result (made by the fused op when needed)
 FILL = -1
 
+#: per dim: the index of every row's first element along it
+_FIRST = [(slice(None),) * k + (0,) for k in range(64)]
+
 _GUARD = ("aten::eq.Scalar_out", "aten::logical_not.out", "aten::any.out", "aten::logical_not.out")
 
 
 def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
               where: Callable[..., Any]) -> Callable[..., Any]:
 
+    #: whether the last call's rows were told apart by their first elements only (a causal mask in a decode step:
+    #: many matches, but position 0 visible); only picks which exact test runs first
+    first_only = [False]
+
+    def no_full_row(x, ax):
+        """Whether no row along ``ax`` equals ``s`` throughout (else ``None``: unknown, run the reduction)."""
+        if first_only[0]:
+            if not np.count_nonzero(x[_FIRST[ax]] == s):
+                return True
+            first_only[0] = False
+            return None
+        e = np.equal(x, s)
+        if np.count_nonzero(e) < x.shape[ax]:  # fewer matches than a row has elements
+            return True
+        if not np.count_nonzero(e[_FIRST[ax]]):  # every row's first element differs
+            first_only[0] = True
+            return True
+        return None
+
     def masked_row_guard(x, v, p, q, out):
         if x.ndim:  # all(x == s) along dim: one comparison and one reduction (the same as not any(x != s))
             ax = normalize_dim(dim, x.ndim)
-            e = np.equal(x, s)
-            if p is None and q is not None and x.shape[ax] and np.count_nonzero(e) < x.shape[ax]:
-                # fewer matches than a row has elements: no row matches throughout, d is False everywhere and
-                # where(d, fill, q) is q (counting is cheaper than the reduction)
+            if p is None and q is not None and x.shape[ax] and no_full_row(x, ax):
+                # no row matches throughout: d is False everywhere and where(d, fill, q) is q
                 dshape = x.shape[:ax] + ((1,) if keepdim else ()) + x.shape[ax + 1:]
                 shape = broadcast_shape(dshape, q.shape if q.__class__ is np.ndarray else np.shape(q))
                 if shape != out.shape:
                     out = resize(out, shape)
                 np.copyto(out, q, casting="unsafe")
                 return out
-            d = np.logical_and.reduce(e, axis=ax, keepdims=keepdim)
+            d = np.logical_and.reduce(np.equal(x, s), axis=ax, keepdims=keepdim)
         else:
             d = np.logical_not(np.any(np.not_equal(x, s), axis=normalize_dim(dim, x.ndim), keepdims=keepdim))
         if p is None or q is None:
