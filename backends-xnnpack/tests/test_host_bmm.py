@@ -14,6 +14,7 @@ if not hasattr(gemm, "bmm"):
 
 from edgeport_xnnpack import _host  # noqa: E402
 from edgeport_xnnpack.schema.graph import XNode  # noqa: E402
+from xnn_helpers import DECODE_PROMPT, greedy_decode  # noqa: E402
 
 
 def _close(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
@@ -145,13 +146,7 @@ def _decode_logits(pte: bytes, threads: int, steps: int) -> list[np.ndarray]:
 
     method = Runtime.get().load_program(pte).load_method(
         backend_options={"XnnpackBackend": {"num_threads": threads}})
-    prompt = [1, 17, 42, 9, 100, 5, 77]
-    outs = [np.array(method.execute([np.array([prompt], np.int64), np.arange(len(prompt), dtype=np.int64)])[0])]
-    for i in range(steps):
-        token = int(np.argmax(outs[-1].reshape(-1, outs[-1].shape[-1])[-1]))
-        outs.append(np.array(method.execute([np.array([[token]], np.int64),
-                                             np.array([len(prompt) + i], np.int64)])[0]))
-    return outs
+    return greedy_decode(method, steps)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -181,7 +176,7 @@ def test_decoder_steps_match_the_numpy_path_and_eager(monkeypatch, name, threads
     slow = _decode_logits(pte, threads, 8)
     for f, s in zip(fast, slow, strict=True):
         np.testing.assert_allclose(f, s, rtol=1e-4, atol=1e-4)
-    prompt = [1, 17, 42, 9, 100, 5, 77]
+    prompt = DECODE_PROMPT
     with torch.no_grad():
         eager = model.generate(torch.tensor([prompt]), max_new_tokens=9, do_sample=False,
                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()

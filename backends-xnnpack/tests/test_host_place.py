@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from xnn_helpers import DECODE_PROMPT, greedy_decode
 
 from edgeport_xnnpack import _host, _plan, _planner
 from edgeport_xnnpack._host_place import absorb_scaled_transposes
@@ -97,13 +98,7 @@ def _logits(pte: bytes, threads: int, absorb: bool, moved: list[int], monkeypatc
             m.setattr(_planner, "place", place)
         method = Runtime.get().load_program(pte).load_method(
             backend_options={"XnnpackBackend": {"num_threads": threads}})
-        prompt = [1, 17, 42, 9, 100, 5, 77]
-        outs = [np.array(method.execute([np.array([prompt], np.int64),
-                                         np.arange(len(prompt), dtype=np.int64)])[0])]
-        for i in range(8):  # specializations are planned at their first call: inside the context
-            token = int(np.argmax(outs[-1].reshape(-1, outs[-1].shape[-1])[-1]))
-            outs.append(np.array(method.execute([np.array([[token]], np.int64),
-                                                 np.array([len(prompt) + i], np.int64)])[0]))
+        outs = greedy_decode(method, 8)  # specializations are planned at their first call: inside the context
     return outs
 
 
@@ -127,7 +122,7 @@ def test_decoders_with_the_transpose_on_the_host(monkeypatch, name, scheme, thre
     for a, b in zip(new, old, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     if scheme is None:
-        prompt = [1, 17, 42, 9, 100, 5, 77]
+        prompt = DECODE_PROMPT
         with torch.no_grad():
             eager = model.generate(torch.tensor([prompt]), max_new_tokens=9, do_sample=False,
                                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long))

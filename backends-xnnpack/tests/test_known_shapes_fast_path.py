@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from test_dynamic_shapes import BOUND, _case, _eager, _edgeport, _single_delegate
-from xnn_helpers import needs_xnnpack
+from xnn_helpers import StepTracer, needs_xnnpack
 
 import edgeport_xnnpack.runtime as runtime_module
 from edgeport.errors import RuntimeExecutionError
@@ -18,16 +18,6 @@ from edgeport.testing.architectures import assert_close_to_scale
 from edgeport_xnnpack.runtime import XnnpackExecutor
 
 pytestmark = [needs_xnnpack, pytest.mark.executorch]
-
-
-class _StepTracer:
-    """An event tracer: while set, the executor runs the general path step by step."""
-
-    def now_ns(self) -> int:
-        return 0
-
-    def log_profiling_delegate(self, *args, **kwargs) -> None:
-        pass
 
 
 def _set_tracer(method, tracer) -> None:
@@ -55,7 +45,7 @@ def test_known_shapes_match_the_general_path_bit_for_bit(name, monkeypatch):
         if n in seen:  # a known shape: every delegate call took the direct call
             assert len(general_calls) == before, f"{name}, sequence {n}: general path ran"
         seen.add(n)
-        _set_tracer(method, _StepTracer())
+        _set_tracer(method, StepTracer())
         try:
             slow = method.execute([x.numpy()])[0]
         finally:

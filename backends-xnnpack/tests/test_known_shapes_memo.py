@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_dynamic_shapes import BOUND, _single_delegate
-from xnn_helpers import needs_xnnpack
+from xnn_helpers import StepTracer, greedy_decode, needs_xnnpack
 
 from edgeport.errors import RuntimeExecutionError
 from edgeport_xnnpack.runtime import XnnpackExecutor
@@ -16,22 +16,12 @@ from edgeport_xnnpack.runtime import XnnpackExecutor
 pytestmark = [needs_xnnpack, pytest.mark.executorch]
 
 
-class _StepTracer:
-    """An event tracer: while set, the executor runs the general path step by step."""
-
-    def now_ns(self) -> int:
-        return 0
-
-    def log_profiling_delegate(self, *args, **kwargs) -> None:
-        pass
-
-
 def _x(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, n, 32)).astype(np.float32)
 
 
 def _general(ex: XnnpackExecutor, handle, x: np.ndarray) -> np.ndarray:
-    ex.set_event_tracer(handle, _StepTracer())
+    ex.set_event_tracer(handle, StepTracer())
     try:
         return ex.execute(handle, [x], [None])[0]
     finally:
@@ -144,13 +134,8 @@ def _decode(pte: bytes, traced: bool) -> list[np.ndarray]:
     delegates = method._plan._delegates.items
     if traced:
         for d in delegates:
-            d.executor.set_event_tracer(d.handle, _StepTracer())
-    prompt = [1, 17, 42, 9, 100, 5, 77]
-    outs = [np.array(method.execute([np.array([prompt], np.int64), np.arange(len(prompt), dtype=np.int64)])[0])]
-    for i in range(6):
-        token = int(np.argmax(outs[-1].reshape(-1, outs[-1].shape[-1])[-1]))
-        outs.append(np.array(method.execute([np.array([[token]], np.int64),
-                                             np.array([len(prompt) + i], np.int64)])[0]))
+            d.executor.set_event_tracer(d.handle, StepTracer())
+    outs = greedy_decode(method, 6)
     if not traced:  # the decode calls took the memo
         assert any(getattr(d.handle, "memo", None) is not None for d in delegates)
     return outs

@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 import pytest
+from xnn_helpers import greedy_decode
 
 from edgeport_xnnpack import _planner, _specialize, native
 from edgeport_xnnpack._plan import schedule
@@ -86,12 +87,7 @@ def _run(pte: bytes, fresh: bool, monkeypatch, seen: dict) -> list[np.ndarray]:
             m.setattr(_specialize, "infer_dims", lambda nodes, declared, given, outputs=None:
                       real_infer(nodes, declared, given))
         method = Runtime.get().load_program(pte).load_method(backend_options={"XnnpackBackend": {"num_threads": 1}})
-        outs = [np.array(method.execute([np.array([PROMPT], np.int64),
-                                         np.arange(len(PROMPT), dtype=np.int64)])[0])]
-        for i in range(6):
-            token = int(np.argmax(outs[-1].reshape(-1, outs[-1].shape[-1])[-1]))
-            outs.append(np.array(method.execute([np.array([[token]], np.int64),
-                                                 np.array([len(PROMPT) + i], np.int64)])[0]))
+        outs = greedy_decode(method, 6, PROMPT)
     return outs
 
 

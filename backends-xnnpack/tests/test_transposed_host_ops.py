@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from xnn_helpers import greedy_decode
 
 from edgeport_xnnpack import _host
 from edgeport_xnnpack.schema.graph import XNode
@@ -114,14 +115,7 @@ def _decode_outputs(pte: bytes, steps: int) -> list[list[np.ndarray]]:
     from edgeport.runtime import Runtime
 
     method = Runtime.get().load_program(pte).load_method(backend_options={"XnnpackBackend": {"num_threads": 1}})
-    prompt = [1, 17, 42, 9, 100, 5, 77]
-    outs = [[np.array(o) for o in method.execute([np.array([prompt], np.int64),
-                                                  np.arange(len(prompt), dtype=np.int64)])]]
-    for i in range(steps):
-        token = int(np.argmax(outs[-1][0].reshape(-1, outs[-1][0].shape[-1])[-1]))
-        outs.append([np.array(o) for o in method.execute([np.array([[token]], np.int64),
-                                                          np.array([len(prompt) + i], np.int64)])])
-    return outs
+    return greedy_decode(method, steps, every_output=True)
 
 
 @pytest.mark.parametrize("name, size", [("llama", "small"), pytest.param("gpt2", "small", marks=pytest.mark.slow),

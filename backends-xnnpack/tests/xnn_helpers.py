@@ -105,3 +105,33 @@ def corrupted_blobs(blob: bytes, count: int, seed: int, max_flips: int) -> Itera
             for _ in range(rng.randint(1, max_flips)):
                 data[rng.randrange(len(data))] = rng.randrange(256)
         yield bytes(data)
+
+
+DECODE_PROMPT = [1, 17, 42, 9, 100, 5, 77]
+
+
+def greedy_decode(method, steps: int, prompt: list[int] = DECODE_PROMPT, every_output: bool = False) -> list:
+    """Copies of what an LLM method (inputs: token ids ``[1, n]``, cache positions ``[n]``) returns for one prefill
+    of ``prompt`` and ``steps`` greedy decode steps: the logits of each call, or every output of each call (a list
+    per call, logits first) with ``every_output``."""
+    def call(ids: list, positions: np.ndarray) -> list:
+        outs = [np.array(o) for o in method.execute([np.array([ids], np.int64), positions])]
+        return outs if every_output else [outs[0]]
+
+    calls = [call(prompt, np.arange(len(prompt), dtype=np.int64))]
+    for i in range(steps):
+        logits = calls[-1][0]
+        token = int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))
+        calls.append(call([token], np.array([len(prompt) + i], np.int64)))
+    return calls if every_output else [c[0] for c in calls]
+
+
+class StepTracer:
+    """An event tracer that records nothing: while one is set, the XNNPACK executor runs the general path, step by
+    step (the oracle of the direct call)."""
+
+    def now_ns(self) -> int:
+        return 0
+
+    def log_profiling_delegate(self, *args, **kwargs) -> None:
+        pass
