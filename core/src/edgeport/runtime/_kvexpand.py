@@ -29,7 +29,7 @@ from edgeport.program import schema as S
 from edgeport.runtime._cse import run_accesses
 from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._values import MethodValues
-from edgeport.runtime._views import overlaps, written_by
+from edgeport.runtime._views import overlaps, writers_with_views
 from edgeport.runtime.portable import LIBRARY
 from edgeport.runtime.portable import shape as _shape
 
@@ -71,17 +71,11 @@ def persistent_expands(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instru
     if access is None:
         return {}
     kinds, specs = mv.kinds, mv.specs
-    reads, writes = access
-    viewed = dict(analysis.viewed_delegates)
+    reads = access[0]
+    viewed = analysis.viewed_delegates
     view_src = {o: i for i, o in viewed.values()}
     in_views = {i for i, _ in viewed.values()} | set(view_src)
-    # writes of a reshape run as a view are no writes: its output is bound to its input's memory once
-    writes = {at: w for at, w in writes.items() if at not in viewed}
-    writers, listed, never_written = written_by(writes, mv, plan)
-    # elided views that matter: read by an operation that runs (not the intermediates of a fused group), and not
-    # a reshape's output run as a view (its input's memory, not its own planned bytes)
-    read_any = set().union(*reads.values()) if reads else set()
-    never_written = [sp for sp in never_written if sp.index not in view_src and sp.index in read_any]
+    writes, writers, listed, never_written = writers_with_views(access, mv, plan, analysis)
     inputs, outputs = set(plan.inputs), set(plan.outputs)
 
     def static(i: int) -> bool:

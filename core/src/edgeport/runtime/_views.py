@@ -21,7 +21,7 @@ from edgeport.runtime._instructions import InstructionAnalysis
 from edgeport.runtime._values import MethodValues
 
 __all__ = ["bindable_outputs", "delegate_outputs", "intact_until_last_read", "overlaps", "reshape_delegates",
-           "written_by"]
+           "writers_with_views", "written_by"]
 
 
 def overlaps(a: Any, b: Any) -> bool:
@@ -85,6 +85,21 @@ def written_by(writes: dict[tuple[int, int], set[int]], mv: MethodValues,
     never_written = [sp for i, sp in specs.items() if sp.mem_id and sp.nbytes and sp.constant is None
                      and i not in writers and i not in plan.inputs]
     return writers, listed, never_written
+
+
+def writers_with_views(accesses: tuple[dict, dict], mv: MethodValues, plan: S.ExecutionPlan,
+                       analysis: InstructionAnalysis) -> tuple[dict, dict[int, set[tuple[int, int]]], set[int], list[Any]]:
+    """:func:`written_by` once reshape delegates run as views (:attr:`InstructionAnalysis.viewed_delegates`):
+    their writes are none (the output is bound to the input's memory once), and of the elided views only those
+    that matter -- read by an operation that runs, and not such a view's output. Returns the operations' writes
+    without the views', the writers, the listed tensors and those elided views' specs."""
+    reads, writes = accesses
+    viewed = analysis.viewed_delegates
+    view_outs = {o for _, o in viewed.values()}
+    writes = {at: w for at, w in writes.items() if at not in viewed}
+    writers, listed, never_written = written_by(writes, mv, plan)
+    read_any = set().union(*reads.values()) if reads else set()
+    return writes, writers, listed, [sp for sp in never_written if sp.index not in view_outs and sp.index in read_any]
 
 
 def reshape_delegates(mv: MethodValues, plan: S.ExecutionPlan, analysis: InstructionAnalysis,
@@ -171,13 +186,10 @@ def bindable_outputs(mv: MethodValues, plan: S.ExecutionPlan, analysis: Instruct
     slot. ``accesses`` is :func:`edgeport.runtime._cse.run_accesses`'s answer (``None``: a method with jumps)."""
     if accesses is None:
         return set()
-    reads, writes = accesses
+    reads = accesses[0]
     kinds, specs = mv.kinds, mv.specs
     viewed = analysis.viewed_delegates
-    view_outs = {o for _, o in viewed.values()}
-    writers, listed, never_written = written_by({at: w for at, w in writes.items() if at not in viewed}, mv, plan)
-    read_any = set().union(*reads.values()) if reads else set()
-    never_written = [sp for sp in never_written if sp.index not in view_outs and sp.index in read_any]
+    writes, writers, listed, never_written = writers_with_views(accesses, mv, plan, analysis)
     n_out = delegate_outputs(delegates)
     calls: dict[int, int] = {}
     for chain in plan.chains:
