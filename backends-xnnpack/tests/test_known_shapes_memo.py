@@ -1,7 +1,7 @@
-"""The executor's memo of the last specialization its known-shapes call ran (``XnnpackHandle.memo``): repeated
-calls of one shape skip the cache lookup, yet give the same bits as the step-by-step general path, keep the
-cache's least-recently-used order exact (no needless re-specialization), never run an evicted (closed) plan, and
-refuse what the general path refuses."""
+"""The specializer's memo of the last plan its lookup found for the executor's known-shapes call
+(``Specializer.last``, read by ``Specializer.known``): repeated calls of one shape skip the cache lookup, yet give
+the same bits as the step-by-step general path, keep the cache's least-recently-used order exact (no needless
+re-specialization), never run an evicted (closed) plan, and refuse what the general path refuses."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_memo_hits_give_the_general_paths_bits_and_fresh_outputs():
         for seed in range(4):
             x = _x(3, seed)
             fast = ex.execute(handle, [x], [None])[0]
-            assert handle.memo is not None and handle.memo[0] == ((1, 3, 32),)
+            assert handle.specializer.last is not None and handle.specializer.last[0] == ((1, 3, 32),)
             np.testing.assert_array_equal(fast, _general(ex, handle, x))
             again = ex.execute(handle, [x])[0]  # out=None: the memo too
             assert again is not fast
@@ -48,7 +48,7 @@ def test_memo_hits_give_the_general_paths_bits_and_fresh_outputs():
         assert handle.specializer.built == 1
     finally:
         ex.destroy(handle)
-    assert handle.memo is None
+    assert handle.specializer.last is None
 
 
 def test_memo_keeps_the_lru_order_and_never_runs_an_evicted_plan():
@@ -66,8 +66,8 @@ def test_memo_keeps_the_lru_order_and_never_runs_an_evicted_plan():
         assert handle.specializer.built == built + 1
         assert list(handle.specializer.cache) == [((1, 5, 32),), ((1, 3, 32),)]
         np.testing.assert_array_equal(ex.execute(handle, [a], [None])[0], ref[3])  # the memo: 3
-        assert handle.memo is not None and handle.memo[0] == ((1, 3, 32),)
-        memo_plan = handle.memo[1]
+        assert handle.specializer.last is not None and handle.specializer.last[0] == ((1, 3, 32),)
+        memo_plan = handle.specializer.last[1]
         # the memo (3) is evicted by two other shapes made on the general path; its plan is closed
         _general(ex, handle, b)
         _general(ex, handle, c)
@@ -75,7 +75,8 @@ def test_memo_keeps_the_lru_order_and_never_runs_an_evicted_plan():
         assert memo_plan.direct is None
         np.testing.assert_array_equal(ex.execute(handle, [a], [None])[0], ref[3])  # made again, not the closed one
         np.testing.assert_array_equal(ex.execute(handle, [a], [None])[0], ref[3])  # the memo: the new plan
-        assert handle.memo is not None and handle.memo[1] is handle.specializer.cache[((1, 3, 32),)]
+        last = handle.specializer.last
+        assert last is not None and last[1] is handle.specializer.cache[((1, 3, 32),)]
     finally:
         ex.destroy(handle)
 
@@ -89,11 +90,11 @@ def test_memo_is_not_trusted_for_a_plan_the_cache_no_longer_holds():
         x = _x(3, 0)
         ref = ex.execute(handle, [x], [None])[0]
         ex.execute(handle, [x], [None])  # the memo is set
-        dropped = handle.memo[1]
+        dropped = handle.specializer.last[1]
         handle.specializer.cache.clear()  # (kept alive: closed with the handle below)
         np.testing.assert_array_equal(ex.execute(handle, [x], [None])[0], ref)  # made again on the general path
         np.testing.assert_array_equal(ex.execute(handle, [x], [None])[0], ref)
-        assert handle.memo[1] is handle.specializer.cache[((1, 3, 32),)] is not dropped
+        assert handle.specializer.last[1] is handle.specializer.cache[((1, 3, 32),)] is not dropped
         dropped.close()
     finally:
         ex.destroy(handle)
@@ -137,7 +138,7 @@ def _decode(pte: bytes, traced: bool) -> list[np.ndarray]:
             d.executor.set_event_tracer(d.handle, StepTracer())
     outs = greedy_decode(method, 6)
     if not traced:  # the decode calls took the memo
-        assert any(getattr(d.handle, "memo", None) is not None for d in delegates)
+        assert any(d.handle.specializer.last is not None for d in delegates)
     return outs
 
 

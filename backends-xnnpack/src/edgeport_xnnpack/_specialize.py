@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,10 @@ class Plan:
     steps: list[Any]
     buffers: dict[int, np.ndarray]
     direct: Callable[[Sequence[Any], list[Any]], None] | None = None  # see edgeport_xnnpack._direct
+    out_dims: tuple[Dims, ...] = field(init=False)  # the outputs' dims, in order
+
+    def __post_init__(self) -> None:
+        self.out_dims = tuple(d for _, d in self.outputs)
 
     def close(self) -> None:
         self.direct = None  # its bindings belong to the steps closed here
@@ -78,6 +82,7 @@ class Specializer:
         self.on_close = on_close  # frees what every plan shares (the handle's packed operators), after the plans
         self.cache: OrderedDict[tuple[Dims, ...], Plan] = OrderedDict()
         self.built = 0  # specializations made so far (diagnostics: a re-made evicted one counts again)
+        self.last: tuple[tuple[Dims, ...], Plan] | None = None  # what known() last found: (its cache key, plan)
 
     def check(self, k: int, shape: Dims) -> None:
         """Input ``k`` may take ``shape``: same rank as declared, each dim from 1 to its declared size."""
@@ -123,13 +128,25 @@ class Specializer:
         return plan
 
     def known(self, shapes: tuple[Dims, ...]) -> Plan | None:
-        """The cached plan for exactly these input shapes (marked most recently used), or None."""
-        plan = self.cache.get(shapes)
+        """The cached plan for exactly these input shapes (marked most recently used), or None. A decode step asks
+        for the same shapes again and again: while the plan found last is still cached under its key (the cache's
+        own tuple, so a plan made again for those shapes is a new entry) no lookup is needed."""
+        cache, last = self.cache, self.last
+        if last is not None and last[0] == shapes:
+            key, plan = last
+            if next(reversed(cache), None) is key:  # the most recently used already
+                return plan
+            if cache.get(key) is plan:
+                cache.move_to_end(key)  # keep the least-recently-used order exact
+                return plan
+        plan = cache.get(shapes)
         if plan is not None:
-            self.cache.move_to_end(shapes)
+            cache.move_to_end(shapes)
+            self.last = (next(reversed(cache)), plan)
         return plan
 
     def close(self) -> None:
+        self.last = None
         for plan in self.cache.values():
             plan.close()
         self.cache.clear()

@@ -86,11 +86,11 @@ class XnnpackHandle:
     tracer: Any = None  # an ETDump event tracer while the program records one (see XnnpackExecutor.set_event_tracer)
 
     declared: tuple[tuple[int, ...], ...] = ()  # the inputs' declared dims (set from inputs)
-    # the specialization the executor's last known-shapes call ran: (its cache key, plan, plan.direct, output dims)
-    memo: tuple[Any, Any, Any, tuple[tuple[int, ...], ...]] | None = None
+    out_dims: tuple[tuple[int, ...], ...] = ()  # the outputs' declared dims (set from outputs)
 
     def __post_init__(self) -> None:
         self.declared = tuple(dims for _, dims in self.inputs)
+        self.out_dims = tuple(dims for _, dims in self.outputs)
         if self.n_args < 0:
             self.n_args = len(self.inputs)
         if self.specializer is None:

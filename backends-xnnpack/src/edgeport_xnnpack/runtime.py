@@ -242,9 +242,8 @@ class XnnpackExecutor(RuntimeExecutor):
         ``out`` has ``None`` entries), outputs from ``results_for`` as on the general path; ``None`` when it does
         not apply or refuses the arrays (the general path then converts, specializes or raises).
 
-        A decode step calls each delegate with the same shapes again and again: the handle remembers the last
-        specialization found here (``XnnpackHandle.memo``) and, while it is still cached, skips the lookup; when
-        every ``out`` entry is ``None`` the outputs are fresh arrays of the plan's dims, as ``results_for`` makes."""
+        When every ``out`` entry is ``None`` the outputs are fresh arrays of the plan's dims, as ``results_for``
+        makes (a decode step: the specializer's repeated lookup is cheap too, see ``Specializer.known``)."""
         key = []
         for a in inputs:
             if type(a) is not np.ndarray:
@@ -254,26 +253,15 @@ class XnnpackExecutor(RuntimeExecutor):
         with self._lock:
             if not handle.alive:
                 raise RuntimeExecutionError(f"{BACKEND_ID}: execute needs a live handle from init")
-            memo = handle.memo
-            plan: XnnpackHandle | Plan | None = None
-            if memo is not None and memo[0] == shapes and memo[1].direct is memo[2]:  # (a closed plan has none)
-                cache = handle.specializer.cache
-                if next(reversed(cache), None) is memo[0]:  # the most recently used already
-                    stored, plan, call, dims = memo
-                elif cache.get(memo[0]) is memo[1]:  # keep the cache's least-recently-used order exact
-                    stored, plan, call, dims = memo
-                    cache.move_to_end(stored)
-            if plan is None:
-                if shapes == handle.declared:
-                    plan, call = handle, None if skip_declared else handle.direct
-                else:
-                    plan = handle.specializer.known(shapes)
-                    call = plan.direct if plan is not None else None
-                if call is None:
-                    return None
-                dims = tuple(d for _, d in plan.outputs)
-                if plan is not handle:  # known() moved its key (the cache's own tuple) to the end
-                    handle.memo = (next(reversed(handle.specializer.cache)), plan, call, dims)
+            plan: XnnpackHandle | Plan | None
+            if shapes == handle.declared:
+                plan, call = handle, None if skip_declared else handle.direct
+            else:
+                plan = handle.specializer.known(shapes)
+                call = plan.direct if plan is not None else None
+            if call is None:
+                return None
+            dims = plan.out_dims
             fresh = out is None or len(out) == len(dims)
             if fresh and out is not None:
                 for a in out:
@@ -310,7 +298,6 @@ class XnnpackExecutor(RuntimeExecutor):
                 return
             handle.alive = False
             handle.direct = None
-            handle.memo = None
             for step in handle.steps:
                 step.close()
             handle.steps, handle.buffers = [], {}
