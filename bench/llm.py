@@ -18,6 +18,14 @@ Each child prefills a ``--prompt``-token prompt in one call, then greedily decod
 time to first token, prefill and decode tokens/s (medians over rounds) and its peak RSS. Lowering time and
 ``.pte`` size come from the parent. All contenders run with ``--threads`` threads (default 1).
 
+**Paired steady decode** (``paired`` column): one more child per round loads ``edgeport``, ``et`` and
+``edgeport-on-et`` side by side in one process, prefills each, then decodes with them in turn, one step each,
+rotating the order every step; each step's time is divided by the ``et`` step next to it and the column is the
+median of those per-step ratios (as a speed ratio). The three then see the same machine at the same moment. This
+host's L3 (300 MiB) is shared with other tenants and a decoder's weights (16-62 MiB) may or may not stay in it, so
+the rates of children run minutes apart move by up to ~45% between runs; the paired ratio is the steadier of the
+two ``vs ET`` figures (each contender there also evicts the others' weights, as any second process would).
+
 The tuned programs take the start position (``input_pos [1]``) instead of one cache position per token, and are
 exported with ``max_seq_len = prompt + 1`` (ExecuTorch bounds the token count at ``max_seq_len - 1``); only the
 ``medium`` size has one.
@@ -51,6 +59,8 @@ from xnnpack_bench.machine import cpu_model, loadavg  # noqa: E402
 
 SECTION_TITLE = "## LLM generation"
 CONTENDERS = ("edgeport", "et", "edgeport-on-et", "eager", "et-tuned", "edgeport-on-tuned")
+#: contenders of the paired child (one process, one decode step each in turn); the first is the reference
+PAIRED = ("et", "edgeport", "edgeport-on-et")
 #: contender -> the program it runs, when not its own
 PROGRAM_OF = {"edgeport-on-et": "edgeport", "edgeport-on-tuned": "et-tuned"}
 
@@ -167,6 +177,32 @@ def _stepper(contender: str, args: argparse.Namespace) -> Any:
     return step
 
 
+def paired_child(args: argparse.Namespace) -> None:
+    """:data:`PAIRED` in one process: prefill each, then one greedy decode step each in turn, the order rotated
+    every step; per contender the per-step time ratios ``et / it`` (speed vs ``et``) and its step times."""
+    import numpy as np
+
+    paths = {"edgeport": args.pte, "edgeport-on-et": args.pte, "et": args.pte_et}
+    steps = {c: _stepper(c, argparse.Namespace(**{**vars(args), "pte": paths[c]})) for c in PAIRED}
+    prompt = np.random.default_rng(0).integers(3, args.vocab, size=args.prompt).astype(np.int64)
+    tokens: dict[str, list[int]] = {}
+    for c, step in steps.items():
+        logits = step(prompt.reshape(1, -1), np.arange(args.prompt, dtype=np.int64))
+        tokens[c] = [int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))]
+    times: dict[str, list[float]] = {c: [] for c in PAIRED}
+    for i in range(args.new - 1):
+        order = PAIRED[i % 3:] + PAIRED[:i % 3]
+        for c in order:
+            ids = np.array([[tokens[c][-1]]], dtype=np.int64)
+            t = time.perf_counter()
+            logits = steps[c](ids, np.array([args.prompt + i], dtype=np.int64))
+            times[c].append(time.perf_counter() - t)
+            tokens[c].append(int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1])))
+    skip = 1  # the first decode call's one-time work (edgeport's specialization) is not steady state
+    ratios = {c: [e / x for e, x in zip(times["et"][skip:], times[c][skip:])] for c in PAIRED}
+    print(json.dumps({"ratios": ratios, "times": {c: t[skip:] for c, t in times.items()}, "tokens": tokens}))
+
+
 def child(args: argparse.Namespace) -> None:
     import numpy as np
 
@@ -200,8 +236,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(contender: str, size: str, scheme: str, pte: str | None, args: argparse.Namespace,
-              vocab: int) -> dict[str, Any]:
+              vocab: int, pte_et: str = "") -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", contender, "--size", size, "--scheme", scheme, "--pte", pte or "",
+           "--pte-et", pte_et,
            "--threads", str(args.threads), "--prompt", str(args.prompt), "--new", str(args.new), "--rounds", "1",
            "--context", str(args.context), "--vocab", str(vocab)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -220,12 +257,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--write-report", action="store_true")
-    ap.add_argument("--child", choices=CONTENDERS)
+    ap.add_argument("--child", choices=CONTENDERS + ("paired",))
     ap.add_argument("--size", default="medium")
     ap.add_argument("--scheme", default="fp32")
     ap.add_argument("--pte", default="")
+    ap.add_argument("--pte-et", default="")
     ap.add_argument("--vocab", type=int, default=0)
     args = ap.parse_args()
+    if args.child == "paired":
+        paired_child(args)
+        return
     if args.child:
         args.contender = args.child
         child(args)
@@ -238,6 +279,7 @@ def main() -> None:
                 runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
                 rss: dict[str, int] = {}
                 errors: dict[str, str] = {}
+                paired: list[dict[str, Any]] = []
                 for _ in range(args.rounds):
                     for contender in CONTENDERS:
                         pte = built["paths"].get(PROGRAM_OF.get(contender, contender))
@@ -250,7 +292,13 @@ def main() -> None:
                             continue
                         runs[contender] += res["runs"]
                         rss[contender] = max(rss.get(contender, 0), res["peak_rss"])
-                rows.append((size, scheme, built, runs, rss, errors))
+                    res = run_child("paired", size, scheme, built["paths"]["edgeport"], args, built["vocab"],
+                                    built["paths"]["et"])
+                    if "error" in res:
+                        errors["paired"] = res["error"]
+                    else:
+                        paired.append(res)
+                rows.append((size, scheme, built, runs, rss, errors, paired))
                 print(f"done {size} {scheme}", file=sys.stderr)
     text = report(rows, args)
     print(text)
@@ -262,6 +310,19 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs) if runs else float("nan")
 
 
+def _paired(paired: list[dict[str, Any]], contender: str, errors: dict[str, str]) -> str:
+    """The paired column of one contender: median per-step speed ratio vs ``et`` [q25-q75], or why not."""
+    import numpy as np
+
+    if contender not in PAIRED:
+        return "-"
+    if not paired:
+        return "error" if "paired" in errors else "-"
+    ratios = [r for res in paired for r in res["ratios"][contender]]
+    q25, q50, q75 = np.quantile(ratios, [0.25, 0.5, 0.75])
+    return f"{q50:.2f}x [{q25:.2f}-{q75:.2f}]"
+
+
 def report(rows: list[Any], args: argparse.Namespace) -> str:
     lines = [SECTION_TITLE, "",
              f"Measured {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC on {cpu_model()} ({os.cpu_count()} cores, "
@@ -271,18 +332,20 @@ def report(rows: list[Any], args: argparse.Namespace) -> str:
              "own process. `python bench/llm.py` (see its docstring).", "",
              "`decode tok/s` = the new tokens after the first over the decode loop's wall time (a fresh process: "
              "the first decode call's one-time work included); `steady` = 1 / the median decode step; `1st step "
-             "ms` = the first decode call.", "",
-             "| size | scheme | contender | decode tok/s | vs ET | steady tok/s | vs ET | 1st step ms | prefill tok/s "
-             "| TTFT ms | peak RSS MiB | .pte MiB | lowering s | tokens = eager |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for size, scheme, built, runs, rss, errors in rows:
+             "ms` = the first decode call; `paired` = the median per-step speed ratio against `et` with the three "
+             "contenders decoding in turn in one process (see the docstring), over all rounds' steps, with its "
+             "interquartile range.", "",
+             "| size | scheme | contender | decode tok/s | vs ET | steady tok/s | vs ET | paired vs ET | 1st step ms "
+             "| prefill tok/s | TTFT ms | peak RSS MiB | .pte MiB | lowering s | tokens = eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size, scheme, built, runs, rss, errors, paired in rows:
         et_decode = _median(runs["et"], "decode_tps")
         et_steady = _median(runs["et"], "steady_tps")
         eager_tokens = runs["eager"][0]["tokens"] if runs["eager"] else None
         for c in CONTENDERS:
             if c in errors and not runs[c]:
                 lines.append(f"| {size} | {scheme} | {c} | error: {errors[c].strip().splitlines()[-1][:80]} |"
-                             + " |" * 10)
+                             + " |" * 11)
                 continue
             decode = _median(runs[c], "decode_tps")
             steady = _median(runs[c], "steady_tps")
@@ -296,7 +359,8 @@ def report(rows: list[Any], args: argparse.Namespace) -> str:
                     "= et-tuned" if runs[c][0]["tokens"] == runs["et-tuned"][0]["tokens"] else "no (vs et-tuned)")
             lines.append(
                 f"| {size} | {scheme} | {c} | {decode:.1f} | {decode / et_decode:.2f}x | {steady:.1f} | "
-                f"{steady / et_steady:.2f}x | {_median(runs[c], 'first_step_s') * 1e3:.1f} | "
+                f"{steady / et_steady:.2f}x | {_paired(paired, c, errors)} | "
+                f"{_median(runs[c], 'first_step_s') * 1e3:.1f} | "
                 f"{_median(runs[c], 'prefill_tps'):.0f} | {_median(runs[c], 'ttft_s') * 1e3:.1f} | "
                 f"{rss.get(c, 0) / 2**20:.0f} | {'-' if pte is None else f'{pte / 2**20:.1f}'} | "
                 f"{'-' if lower is None else f'{lower:.1f}'} | {same} |")
