@@ -16,32 +16,54 @@ class XnnpackCompileOptions(CompileOptions):
     ``num_threads``: threads of the pthreadpool edgeport's executor runs this delegate with; ``None`` (the
     default) means ``EDGEPORT_XNNPACK_THREADS`` or every core available to the process (its affinity mask, capped by
     its cgroups' CPU quota).
+
+    ``static_shapes``: whether the delegate is only ever called at its declared shapes (none of its inputs or
+    outputs has a dynamic dim). :class:`~edgeport_xnnpack.partitioner.XnnpackPartitioner` writes it per
+    partition. ``True`` lets edgeport's executor keep float32 fully connected nodes inside the native XNNPACK
+    runtimes (faster at one shape); ``False`` or absent (programs of older writers, ExecuTorch's) keeps them as
+    operators packed once and shared by every input-shape specialization. A hint only: any value runs correctly
+    at any shape.
     """
 
     num_threads: int | None = None
+    static_shapes: bool | None = None
 
     def __post_init__(self) -> None:
         n = self.num_threads
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024):
             raise ValueError(f"XnnpackCompileOptions.num_threads must be an int in 1..1024, got {n!r}")
+        if self.static_shapes is not None and not isinstance(self.static_shapes, bool):
+            raise ValueError(f"XnnpackCompileOptions.static_shapes must be true or false, got {self.static_shapes!r}")
 
     def to_compile_specs(self) -> list[CompileSpec]:
-        if self.num_threads is None:
-            return []
-        return [CompileSpec("num_threads", json.dumps(self.num_threads).encode())]
+        specs = []
+        if self.num_threads is not None:
+            specs.append(CompileSpec("num_threads", json.dumps(self.num_threads).encode()))
+        if self.static_shapes is not None:
+            specs.append(CompileSpec(STATIC_SHAPES, json.dumps(self.static_shapes).encode()))
+        return specs
 
     @classmethod
     def from_compile_specs(cls, specs: Sequence[CompileSpec]) -> XnnpackCompileOptions:
-        """Parse compile specs; unknown keys raise ``ValueError`` naming the known ones."""
+        """Parse compile specs; unknown or repeated keys raise ``ValueError`` naming the known ones."""
         values = {}
         for spec in specs:
-            if spec.key != "num_threads":
-                raise ValueError(f"unknown compile spec {spec.key!r} for XnnpackBackend; known keys: ['num_threads']")
+            if spec.key not in _KEYS:
+                raise ValueError(f"unknown compile spec {spec.key!r} for XnnpackBackend; known keys: {list(_KEYS)}")
+            if spec.key in values:
+                raise ValueError(f"compile spec {spec.key!r} given twice")
             try:
-                values["num_threads"] = json.loads(bytes(spec.value).decode())
+                values[spec.key] = json.loads(bytes(spec.value).decode())
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ValueError(f"compile spec 'num_threads' is not JSON: {exc}") from exc
+                raise ValueError(f"compile spec {spec.key!r} is not JSON: {exc}") from exc
+            if spec.key == STATIC_SHAPES and not isinstance(values[spec.key], bool):
+                raise ValueError(f"compile spec {spec.key!r} must be JSON true or false, got {bytes(spec.value)!r}")
         return cls(**values)
+
+
+STATIC_SHAPES = "static_shapes"
+"""Compile-spec key of :attr:`XnnpackCompileOptions.static_shapes` (JSON ``true`` / ``false``)."""
+_KEYS = ("num_threads", STATIC_SHAPES)
 
 
 @dataclass

@@ -30,9 +30,9 @@ from edgeport.aot.capability_partitioner import (
     op_name,
 )
 from edgeport.aot.partitioner import PartitionResult
-from edgeport.backend import CompileSpec
+from edgeport.backend import CompileSpec, DelegationSpec
 from edgeport_xnnpack.capabilities import ALL_CAPABILITIES, BACKEND_ID, register_quantized_ops
-from edgeport_xnnpack.options import XnnpackCompileOptions
+from edgeport_xnnpack.options import STATIC_SHAPES, XnnpackCompileOptions
 from edgeport_xnnpack.preprocess.affine_quantized import (
     CHOOSE_A,
     DQA,
@@ -56,7 +56,9 @@ _AFFINE = (CHOOSE_A, QA, DQA)
 class XnnpackPartitioner(CapabilityBasedPartitioner):
     """Delegates what :data:`~edgeport_xnnpack.capabilities.ALL_CAPABILITIES` supports to ``XnnpackBackend``.
 
-    ``compile_specs`` may be a list of :class:`CompileSpec` or an :class:`XnnpackCompileOptions`.
+    ``compile_specs`` may be a list of :class:`CompileSpec` or an :class:`XnnpackCompileOptions`. Each partition
+    also gets the ``static_shapes`` compile spec (:class:`XnnpackCompileOptions`): ``true`` when no value it reads
+    or computes has a symbolic dim, unless ``compile_specs`` fixes it for every partition.
     """
 
     def __init__(
@@ -138,7 +140,10 @@ class XnnpackPartitioner(CapabilityBasedPartitioner):
             result = super().partition(exported_program)
         finally:
             self.node_filter = self._user_filter
-        return _drop_constant_partitions(result, self._constants)
+        result = _drop_constant_partitions(result, self._constants)
+        if not any(c.key == STATIC_SHAPES for c in self.compile_specs):
+            _hint_static_shapes(result)
+        return result
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
@@ -203,6 +208,34 @@ def _drop_constant_partitions(result: PartitionResult, constants: set[str]) -> P
                     del n.meta["delegation_tag"]
             result.partition_tags.pop(tag, None)
     return result
+
+
+def _hint_static_shapes(result: PartitionResult) -> None:
+    """Add the ``static_shapes`` compile spec to each partition's :class:`DelegationSpec`: ``true`` when no node of
+    the partition, nor any value it reads, has a symbolic dim in its ``meta["val"]`` (its inputs and outputs then
+    never change shape), ``false`` otherwise."""
+    dynamic: set[str] = set()
+    for node in result.tagged_exported_program.graph.nodes:
+        tag = node.meta.get("delegation_tag")
+        if tag is None or tag in dynamic:
+            continue
+        if any(_has_symbolic_dim(n.meta.get("val")) for n in (node, *node.all_input_nodes)):
+            dynamic.add(tag)
+    for tag, spec in list(result.partition_tags.items()):
+        value = b"false" if tag in dynamic else b"true"
+        result.partition_tags[tag] = DelegationSpec(spec.backend_id, [*spec.compile_specs,
+                                                                      CompileSpec(STATIC_SHAPES, value)])
+
+
+def _has_symbolic_dim(val: object) -> bool:
+    """Whether a ``meta["val"]`` (a fake tensor, or a list/tuple of them) has a dim that is not a plain int."""
+    if isinstance(val, torch.SymInt):
+        return True
+    if isinstance(val, torch.Tensor):
+        return any(not isinstance(d, int) for d in val.shape)
+    if isinstance(val, (list, tuple)):
+        return any(_has_symbolic_dim(v) for v in val)
+    return False
 
 
 def _constant_tensors(ep: ExportedProgram, names: set[str]) -> dict[str, torch.Tensor]:

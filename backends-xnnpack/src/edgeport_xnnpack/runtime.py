@@ -15,7 +15,9 @@ Dynamic shapes: a blob declares upper-bound dims. Inputs smaller in some dims ru
 their shapes (:mod:`edgeport_xnnpack._specialize`): every value's dims are inferred and the same planning and
 subgraph definition run at those dims; a small LRU cache keeps the last few. Float32 fully connected layers run on
 operators packed once and shared by every specialization (:mod:`edgeport_xnnpack._fc_ops`); the weights of other
-native nodes (convolutions) are packed again per specialization.
+native nodes (convolutions) are packed again per specialization. A delegate whose ``static_shapes`` compile spec
+is ``true`` (no dynamic dims when it was partitioned) keeps its fully connected nodes inside its native runtimes:
+faster at its one shape, and still correct (re-packed per specialization) if called at others.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def load(processed: Any, compile_specs: Sequence[CompileSpec] = (), named_data: 
     except ValueError as exc:
         raise fail(str(exc)) from exc
     planner = Planner(graph, constants, named_data, lib)
-    planner.fc_operators = _fc_ops.available()
+    # shared operators suit delegates that specialize for other input shapes (LLM prefill + decode); a delegate
+    # hinted static (``static_shapes``, written by XnnpackPartitioner) keeps them inside its native runtimes
+    planner.fc_operators = _fc_ops.available() and not options.static_shapes
     inputs, outputs = planner.check_values()
     try:  # qint8 x qcint8 fully connected -> 1x1 convolution; int8 transposes (see _rewrite_int8)
         rewrite_int8(graph, planner.values, planner.dims, planner.const)
