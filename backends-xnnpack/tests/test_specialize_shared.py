@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from xnn_helpers import greedy_decode
 
-from edgeport_xnnpack import _planner, _specialize, native
+from edgeport_xnnpack import _copies, _plan, _planner, _specialize, native
 from edgeport_xnnpack._plan import schedule
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, INPUT_FIELDS, INVALID_ID, NODE_KINDS, OUTPUT_FIELDS, XNode, \
     node_layout
@@ -72,6 +72,8 @@ def _run(pte: bytes, fresh: bool, monkeypatch, seen: dict) -> list[np.ndarray]:
     def plan(self, *args, **kw):
         if fresh:
             self._io, self._kind_why, self._groups, self._padded = None, {}, {}, {}
+            _plan.clear_layouts()  # and what other delegates of the same structure decided (_plan)
+            _copies.clear_memo()
         out = real_plan(self, *args, **kw)
         seen.setdefault(id(self), []).append((self, id(self.node_io()), len(self._groups)))
         return out
@@ -84,7 +86,7 @@ def _run(pte: bytes, fresh: bool, monkeypatch, seen: dict) -> list[np.ndarray]:
         m.setattr(_planner.Planner, "plan", plan)
         m.setattr(_planner, "_padded_copy", padded_copy)
         if fresh:
-            m.setattr(_specialize, "infer_dims", lambda nodes, declared, given, outputs=None:
+            m.setattr(_specialize, "infer_dims", lambda nodes, declared, given, outputs=None, rules=None:
                       real_infer(nodes, declared, given))
         method = Runtime.get().load_program(pte).load_method(backend_options={"XnnpackBackend": {"num_threads": 1}})
         outs = greedy_decode(method, 6, PROMPT)

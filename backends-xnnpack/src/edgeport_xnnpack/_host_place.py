@@ -23,7 +23,14 @@ from edgeport_xnnpack.schema.graph import XNode
 if TYPE_CHECKING:
     from edgeport_xnnpack._host import HostOp
 
-__all__ = ["absorb_scaled_transposes", "fused_scales"]
+__all__ = ["absorb_scaled_transposes", "absorbs_scaled_transposes", "fused_scales"]
+
+
+def absorbs_scaled_transposes() -> bool:
+    """Whether :func:`absorb_scaled_transposes` can move anything (``_gemm.bmm`` is built)."""
+    from edgeport_xnnpack import _host
+
+    return _host._bmm is not None
 
 
 def absorb_scaled_transposes(nodes: list[XNode], placement: Any, dims: dict[int, tuple[int, ...]]) -> list[int]:

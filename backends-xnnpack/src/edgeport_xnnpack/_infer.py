@@ -38,18 +38,24 @@ class ShapeError(ValueError):
         self.index, self.node = index, node
 
 
+Rule = Callable[[Callable[[int], Dims]], "Dims | str"]
+
+
 def infer_dims(nodes: Sequence[XNode], declared: Mapping[int, Dims], given: Mapping[int, Dims],
-               outputs: Sequence[Sequence[int]] | None = None) -> dict[int, Dims]:
+               outputs: Sequence[Sequence[int]] | None = None,
+               rules: Sequence[Rule] | None = None) -> dict[int, Dims]:
     """Every value's dims when the external inputs have the ``given`` dims (value id -> dims); values no node
     produces (constants, and inputs not in ``given``) keep their ``declared`` dims. ``outputs``: each node's
-    ``outputs()`` when the caller keeps them."""
+    ``outputs()`` when the caller keeps them; ``rules``: :func:`node_rules` of ``nodes`` and ``declared`` when the
+    caller keeps them (the same results as :func:`output_dims`, parameters read once)."""
     dims: dict[int, Dims] = dict(declared)
     dims.update(given)
     if outputs is None:
         outputs = [node.outputs() for node in nodes]
+    get = dims.__getitem__
     for i, node in enumerate(nodes):
         try:
-            out = output_dims(node, dims.__getitem__, declared)
+            out = rules[i](get) if rules is not None else output_dims(node, get, declared)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             if isinstance(exc, ShapeError):
                 raise
@@ -95,10 +101,61 @@ def output_dims(node: XNode, get: Callable[[int], Dims], declared: Mapping[int, 
     return f"no shape rule for {k}: its output cannot follow dynamic input shapes"
 
 
+def node_rules(nodes: Sequence[XNode], declared: Mapping[int, Dims]) -> list[Rule]:
+    """Each node's :func:`output_dims` as a function of the value dims (``get(value_id)``), its parameters read
+    once: a specialization infers the dims of the same nodes again and again. The nodes must not change after."""
+    return [_rule(node, declared) for node in nodes]
+
+
+def _rule(node: XNode, declared: Mapping[int, Dims]) -> Rule:
+    k, g = node.kind, node.get
+
+    def generic(get: Callable[[int], Dims]) -> Dims | str:
+        return output_dims(node, get, declared)
+
+    try:
+        if k in _SAME:
+            i = g("input_id")
+            return lambda get: get(i)
+        if k in _BINARY:
+            a, b = g("input1_id"), g("input2_id")
+
+            def binary(get: Callable[[int], Dims]) -> Dims | str:
+                x, y = get(a), get(b)
+                out = broadcast(x, y)
+                return out if out is not None else f"shapes {list(x)} and {list(y)} do not broadcast"
+            return binary
+        if k == "XNNStaticReshape":
+            i, new = g("input_id"), [int(d) for d in g("new_shape")]
+            declared_out = declared[g("output_id")]
+            return lambda get: _reshape_to(new, get(i), declared_out)
+        if k == "XNNStaticTranspose":
+            i, perm = g("input_id"), [int(p) for p in g("perm")]
+            rank = len(perm) if sorted(perm) == list(range(len(perm))) else -1
+
+            def transpose(get: Callable[[int], Dims]) -> Dims | str:
+                x = get(i)
+                if len(x) != rank:
+                    return f"permutation {perm} does not match rank {len(x)}"
+                return tuple(x[p] for p in perm)
+            return transpose
+        if k == "XNNStaticSlice":
+            i = g("input_id")
+            return lambda get: _slice(node, get(i))
+    except (KeyError, IndexError, TypeError, ValueError):
+        pass  # malformed parameters: output_dims says so when the rule runs
+    return generic
+
+
 def _reshape(node: XNode, x: Dims, declared_out: Dims) -> Dims | str:
-    new = [int(d) for d in node.get("new_shape")]
+    return _reshape_to([int(d) for d in node.get("new_shape")], x, declared_out)
+
+
+def _reshape_to(new: list[int], x: Dims, declared_out: Dims) -> Dims | str:
     if len(new) != len(declared_out):  # an older blob without new_shape: the declared dims
         new = list(declared_out)
+    else:
+        new = list(new)
     n = math.prod(x)
     holes = [j for j, d in enumerate(new) if d == 0]
     if len(holes) > 1:

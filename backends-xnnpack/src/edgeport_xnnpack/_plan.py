@@ -21,9 +21,16 @@ step each).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from edgeport_xnnpack.schema.graph import FP32, QINT8, PerTensorQuant, TensorValue, XNode
 
@@ -216,3 +223,84 @@ def schedule(nodes: Sequence[XNode], sides: Sequence[str],
             if waiting[u] == 0:
                 heapq.heappush(ready[sides[u]], u)
     return groups
+
+
+# -- layouts shared by delegates of one structure -----------------------------------------------------------------
+# A decoder's layers lower to delegates that differ only in their constants' bytes: same nodes, same values, same
+# dims. What planning decides from those alone -- each node's side, the schedule, which values cross steps -- is
+# then the same, so a specialization of the second layer takes the first one's decisions (a bounded memo). The
+# key is a *structure token* (equal for equal structures, see structure_token) with every value's dims.
+
+_LAYOUT_ENTRIES = 64  # layouts kept (least recently used dropped)
+_STRUCTURE_ENTRIES = 1024  # distinct structures remembered (all forgotten past that; tokens are never reused)
+_LAYOUTS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_STRUCTURES: dict[tuple[Any, ...], int] = {}
+_TOKENS = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def structure_token(nodes: Sequence[XNode], values: dict[int, TensorValue], const: dict[int, Any],
+                    extra: tuple[Any, ...]) -> int:
+    """A number that two delegates share exactly when their nodes (kinds, parameters, output clamps; not debug
+    handles), values (ids, datatypes, dims, flags, external ids, quantization) and constants' shapes and dtypes
+    (not their bytes), and ``extra`` (the planning options) are equal."""
+    key = (tuple(_node_key(n) for n in nodes),
+           tuple(_value_key(values[vid], const.get(vid)) for vid in sorted(values)), _frozen(extra))
+    with _LOCK:
+        token = _STRUCTURES.get(key)
+        if token is None:
+            if len(_STRUCTURES) >= _STRUCTURE_ENTRIES:
+                _STRUCTURES.clear()
+            token = _STRUCTURES[key] = next(_TOKENS)
+    return token
+
+
+def known_layout(key: tuple[Any, ...]) -> Any | None:
+    """The layout kept under ``key`` (marked most recently used), or None."""
+    with _LOCK:
+        layout = _LAYOUTS.get(key)
+        if layout is not None:
+            _LAYOUTS.move_to_end(key)
+        return layout
+
+
+def keep_layout(key: tuple[Any, ...], layout: Any) -> None:
+    with _LOCK:
+        _LAYOUTS[key] = layout
+        while len(_LAYOUTS) > _LAYOUT_ENTRIES:
+            _LAYOUTS.popitem(last=False)
+
+
+def clear_layouts() -> None:
+    """Forget every kept layout (tests; plans made from them are unaffected)."""
+    with _LOCK:
+        _LAYOUTS.clear()
+
+
+def _node_key(n: XNode) -> tuple[Any, ...]:
+    return (n.kind, tuple((name, _frozen(v)) for name, v in sorted(n.fields.items())), _frozen(n.output_min_max))
+
+
+def _value_key(v: TensorValue, data: Any) -> tuple[Any, ...]:
+    c = None if data is None else ("const", tuple(getattr(data, "shape", ())), str(getattr(data, "dtype", "")))
+    return (v.id_out, v.datatype, tuple(v.dims), bool(v.constant_buffer_idx), v.external_id, v.flags,
+            v.dq_datatype, _frozen(v.quant), v.quant_kind, c)
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as a hashable description: arrays by shape and dtype (planning decisions never read their
+    elements: the kernels built from them are made per delegate), any other object as never equal."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, value.dtype.str)
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _frozen(v)) for k, v in sorted(value.items())))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__,
+                tuple((f.name, _frozen(getattr(value, f.name))) for f in dataclasses.fields(value)))
+    return ("object", type(value).__name__, object())  # equal to nothing else

@@ -2,12 +2,16 @@
 and turns them into steps (native XNNPACK runtimes, numpy host segments, channel shuffles, fully connected
 operators) with the buffers that cross them; ``plan`` runs again at other dims for a specialization
 (:mod:`edgeport_xnnpack._specialize`), reusing the fully connected operators packed by the first plan
-(:mod:`edgeport_xnnpack._fc_ops`); ``close_shared`` deletes them."""
+(:mod:`edgeport_xnnpack._fc_ops`); ``close_shared`` deletes them. What a plan decides from the nodes, values and
+dims alone (sides, schedule, the buffers between steps) is shared with every delegate of the same structure planned
+at the same dims (a decoder's layers: ``_plan.known_layout``); native runtimes and host kernels are built per plan.
+The executor's buffers of one plan are carved out of one allocation (``padded_buffers``)."""
 
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -23,9 +27,11 @@ from edgeport_xnnpack._dynamic_quant import (
 )
 from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._host_gemm import holds_filter, product_op, wants_host
-from edgeport_xnnpack._host_place import absorb_scaled_transposes
+from edgeport_xnnpack._host_place import absorb_scaled_transposes, absorbs_scaled_transposes
 from edgeport_xnnpack._host_qd8 import qd8_op
-from edgeport_xnnpack._plan import is_view, place, schedule, shuffle_element_size
+from edgeport_xnnpack._native_run import _near_page_end
+from edgeport_xnnpack._plan import is_view, keep_layout, known_layout, place, schedule, shuffle_element_size, \
+    structure_token
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok
 from edgeport_xnnpack._shapes import check_native
 from edgeport_xnnpack._steps import HostStep, NativeStep, ShuffleStep
@@ -80,6 +86,8 @@ class Planner:
         self._kind_why: dict[tuple[int, str], str | None] = {}
         self._padded: dict[int, np.ndarray] = {}  # constant id -> its padded copy (see _padded_const)
         self._groups: dict[tuple[str, ...], list[tuple[str, list[int]]]] = {}  # sides -> schedule (see _schedule)
+        self._token: int | None = None  # this delegate's structure (see _layout), set by the first plan
+        self._value_ids: list[int] = []
 
     def close_shared(self) -> None:
         """Delete the packed fully connected operators (and close every plan's runs of them)."""
@@ -198,36 +206,10 @@ class Planner:
             nodes[i] = self._as_reshape(nodes[i])
         self.pool = pool
         const = set(self.const)
-        gemm = frozenset(i for i, n in enumerate(nodes)
-                         if wants_host(n, self.values, self.dims, const, self.products))
-        nat = [self.native_ok(n, i) and i not in gemm for i, n in enumerate(nodes)]
-        fc = frozenset(i for i, n in enumerate(nodes) if nat[i] and self.fc_operators and
-                       fc_operands(n, self.values, self.dims, const) is not None)
-        placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm,
-                       fc, io)
-        absorb_scaled_transposes(nodes, placed, self.dims)  # the attention's K^T * scale read in place (_host_place)
-        groups = self._schedule(nodes, placed.sides, io)
-        producer: dict[int, int] = {}
-        for gi, (_, idx) in enumerate(groups):
-            for j in idx:
-                for o in io[j][1]:
-                    producer[o] = gi
-        crossing: set[int] = set(outputs)
-        host_const: set[int] = set()
-        for gi, (side, idx) in enumerate(groups):
-            for j in idx:
-                held = side == "F" or QD8 in nodes[j].fields or (
-                    j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products))
-                for vid in io[j][0][:1] if held else io[j][0]:  # a packed filter is its own
-                    if vid in producer and producer[vid] != gi:
-                        crossing.add(vid)
-                    if side != "N" and vid in self.const:
-                        host_const.add(vid)
-                if side in ("S", "F"):
-                    crossing.update(io[j][1])
+        gemm, placed, groups, crossing, host_const = self._layout(nodes, io, inputs, outputs, const)
         buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
-        for vid in sorted(crossing - set(outputs) - set(buffers)):
-            buffers[vid] = native.padded_empty(self.dims[vid], _NP[self.values[vid].datatype])
+        own = sorted(crossing - set(outputs) - set(buffers))
+        buffers.update(zip(own, padded_buffers([(self.dims[v], _NP[self.values[v].datatype]) for v in own])))
         steps: list[NativeStep | HostStep | ShuffleStep] = []
         external = set(inputs) | crossing
         try:
@@ -258,6 +240,56 @@ class Planner:
                 raise fail(str(exc)) from exc
             raise
         return steps, buffers
+
+    def _layout(self, nodes: list[XNode], io: list[tuple[list[int], list[int]]], inputs: list[int],
+                outputs: list[int], const: set[int]) -> tuple:
+        """What planning decides from the structure and dims alone: ``(gemm, placement, groups, crossing,
+        host_const)``, taken from a delegate of the same structure planned at the same dims when there is one
+        (``_plan.known_layout``; shared: read it only), else decided here and kept."""
+        if self._token is None:
+            self._token = structure_token(
+                self.g.nodes, self.values, self.const,
+                (sorted(self.products), self.fc_operators, self.lib.operators, self.lib.operators_x8,
+                 self.g.num_externs, absorbs_scaled_transposes()))
+            self._value_ids = sorted(self.values)
+        dims = self.dims
+        key = (self._token, _environment(), tuple(inputs), tuple(outputs), tuple(dims[v] for v in self._value_ids))
+        layout = known_layout(key)
+        if layout is None:
+            layout = self._decide(nodes, io, outputs, const)
+            keep_layout(key, layout)
+        return layout
+
+    def _decide(self, nodes: list[XNode], io: list[tuple[list[int], list[int]]], outputs: list[int],
+                const: set[int]) -> tuple:
+        gemm = frozenset(i for i, n in enumerate(nodes)
+                         if wants_host(n, self.values, self.dims, const, self.products))
+        nat = [self.native_ok(n, i) and i not in gemm for i, n in enumerate(nodes)]
+        fc = frozenset(i for i, n in enumerate(nodes) if nat[i] and self.fc_operators and
+                       fc_operands(n, self.values, self.dims, const) is not None)
+        placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm,
+                       fc, io)
+        absorb_scaled_transposes(nodes, placed, self.dims)  # the attention's K^T * scale read in place (_host_place)
+        groups = self._schedule(nodes, placed.sides, io)
+        producer: dict[int, int] = {}
+        for gi, (_, idx) in enumerate(groups):
+            for j in idx:
+                for o in io[j][1]:
+                    producer[o] = gi
+        crossing: set[int] = set(outputs)
+        host_const: set[int] = set()
+        for gi, (side, idx) in enumerate(groups):
+            for j in idx:
+                held = side == "F" or QD8 in nodes[j].fields or (
+                    j in gemm and holds_filter(nodes[j], self.values, self.dims, const, self.products))
+                for vid in io[j][0][:1] if held else io[j][0]:  # a packed filter is its own
+                    if vid in producer and producer[vid] != gi:
+                        crossing.add(vid)
+                    if side != "N" and vid in self.const:
+                        host_const.add(vid)
+                if side in ("S", "F"):
+                    crossing.update(io[j][1])
+        return gemm, placed, groups, frozenset(crossing), frozenset(host_const)
 
     def _schedule(self, nodes: list[XNode], sides: list[str],
                   io: list[tuple[list[int], list[int]]]) -> list[tuple[str, list[int]]]:
@@ -380,6 +412,25 @@ class Planner:
                                                       ext, flags)
 
 
+_DECIDERS = ("wants_host", "holds_filter", "place", "absorb_scaled_transposes", "fc_operands", "schedule", "is_view",
+             "check_native", "check_static_ids", "native_kind_ok")
+
+
+def _environment() -> tuple:
+    """What a layout's decisions read besides the delegate's structure and dims: the functions that make them and
+    the module settings those read (fixed in a process unless replaced, as tests do; a layout made with others is
+    not taken). The objects themselves, so the key keeps them alive and equal only to themselves."""
+    from edgeport_xnnpack import _host, _host_conv, _host_gemm, _host_qs8
+    from edgeport_xnnpack import _plan as plan_module
+
+    g = globals()
+    return (*(g[name] for name in _DECIDERS), Planner.native_ok, Planner._as_reshape, Planner._schedule,
+            _host._bmm, _host_gemm._gemm, _host_gemm.MIN_MACS, _host_gemm.MIN_FLOAT_ROWS, _host_gemm.product_dims,
+            _host_gemm.gemm_dims, _host_gemm.packs_filter, _host_qs8.qs8_dims, _host_conv.conv_dims,
+            os.environ.get(_host_conv.ISA_ENV, ""), plan_module.is_view, plan_module.shuffle_dims,
+            plan_module.valid_perm, plan_module.squeeze_perm)
+
+
 def _alias_reshapes(steps: list, buffers: dict[int, np.ndarray], dims: dict[int, tuple[int, ...]]) -> list:
     """Drop host steps that only reshape one of the executor's buffers into another: the second becomes a view
     of the first (same bytes, same padding), so nothing is copied per call. Values are written once, so the
@@ -393,6 +444,25 @@ def _alias_reshapes(steps: list, buffers: dict[int, np.ndarray], dims: dict[int,
                 continue
         kept.append(step)
     return kept
+
+
+def padded_buffers(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+    """Uninitialized arrays of these (shape, dtype) as ``native.padded_empty`` makes them (C-contiguous, 64-byte
+    aligned, at least ``EXTRA_BYTES`` of their own memory after each, none ending within ``EXTRA_BYTES`` of a page
+    end), carved out of one allocation: reading an allocation's address costs more than the rest together."""
+    sizes = [math.prod(shape) * np.dtype(dt).itemsize for shape, dt in specs]
+    raw = np.empty(sum(sizes) + len(sizes) * (native.EXTRA_BYTES + 192) + 64, np.uint8)
+    base = raw.ctypes.data
+    off = -base % 64
+    out = []
+    for (shape, dt), n in zip(specs, sizes, strict=True):
+        if n and _near_page_end(base + off + n):
+            off += 64
+        out.append(raw[off:off + n].view(dt).reshape(tuple(shape)))
+        off += n + native.EXTRA_BYTES
+        off += -(base + off) % 64
+    assert off <= raw.nbytes
+    return out
 
 
 def _weights(n: XNode) -> tuple[int, ...]:

@@ -18,6 +18,8 @@ _BINARY = {"XNNAdd", "XNNSubtract", "XNNMultiply", "XNNDiv", "XNNMinimum", "XNNM
 
 
 def broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    if a == b:
+        return tuple(a)  # the common case (what the loop below gives for equal shapes)
     out = []
     for i in range(max(len(a), len(b))):
         x = a[len(a) - 1 - i] if i < len(a) else 1

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgeport.errors import ProgramError, RuntimeExecutionError
 from edgeport_xnnpack._direct import direct_call
-from edgeport_xnnpack._infer import Dims, ShapeError, infer_dims
+from edgeport_xnnpack._infer import Dims, Rule, ShapeError, infer_dims, node_rules
 from edgeport_xnnpack.capabilities import BACKEND_ID
 from edgeport_xnnpack.schema.graph import XNode
 
@@ -78,6 +78,7 @@ class Specializer:
         self.nodes, self.declared, self.inputs, self.outputs = list(nodes), dict(declared), inputs, outputs
         # each node's output ids, read once: the nodes no longer change once the handle is loaded
         self.node_outputs = [n.outputs() for n in self.nodes]
+        self.rules: list[Rule] | None = None  # each node's shape rule (_infer.node_rules), made by the first plan
         self.build, self.capacity = build, capacity
         self.on_close = on_close  # frees what every plan shares (the handle's packed operators), after the plans
         self.cache: OrderedDict[tuple[Dims, ...], Plan] = OrderedDict()
@@ -105,9 +106,11 @@ class Specializer:
                                         f"declared {[list(d) for _, d in self.inputs]} and specialization is off "
                                         f"({ENV}=0)")
         where = f"input shapes {[list(s) for s in key]}"
+        if self.rules is None:
+            self.rules = node_rules(self.nodes, self.declared)
         try:
             dims = infer_dims(self.nodes, self.declared, {vid: s for (vid, _), s in zip(self.inputs, key)},
-                              self.node_outputs)
+                              self.node_outputs, self.rules)
         except ShapeError as exc:
             raise RuntimeExecutionError(f"{BACKEND_ID}: cannot run {where}: {exc}") from exc
         outputs = [(vid, dims[vid]) for vid, _ in self.outputs]
