@@ -78,7 +78,7 @@ class Specializer:
         self.nodes, self.declared, self.inputs, self.outputs = list(nodes), dict(declared), inputs, outputs
         # each node's output ids, read once: the nodes no longer change once the handle is loaded
         self.node_outputs = [n.outputs() for n in self.nodes]
-        self.rules: list[Rule] | None = None  # each node's shape rule (_infer.node_rules), made by the first plan
+        self.rules: list[Rule] | None = None  # each node's shape rule (_infer.node_rules), made by the second plan
         self.build, self.capacity = build, capacity
         self.on_close = on_close  # frees what every plan shares (the handle's packed operators), after the plans
         self.cache: OrderedDict[tuple[Dims, ...], Plan] = OrderedDict()
@@ -106,7 +106,7 @@ class Specializer:
                                         f"declared {[list(d) for _, d in self.inputs]} and specialization is off "
                                         f"({ENV}=0)")
         where = f"input shapes {[list(s) for s in key]}"
-        if self.rules is None:
+        if self.rules is None and self.built:  # from the second specialization on (making them costs one inference)
             self.rules = node_rules(self.nodes, self.declared)
         try:
             dims = infer_dims(self.nodes, self.declared, {vid: s for (vid, _), s in zip(self.inputs, key)},
