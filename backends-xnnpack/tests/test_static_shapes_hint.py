@@ -239,3 +239,18 @@ def test_the_stock_runtime_runs_the_hinted_programs():
     for result in stock:
         assert rel_err(np.asarray(result.outputs[0]), want) < RTOL
     np.testing.assert_array_equal(np.asarray(stock[0].outputs[0]), np.asarray(stock[2].outputs[0]))
+
+
+def test_a_value_without_its_shape_makes_the_partition_dynamic():
+    """No ``meta["val"]`` means unknown shapes: the partition keeps the shared operators (``false``)."""
+    ep = torch.export.export(_model(), (torch.randn(2, 5, 32),))
+    result = XnnpackPartitioner().partition(ep)
+    assert [s.compile_specs for s in result.partition_tags.values()] == [[CompileSpec(STATIC_SHAPES, b"true")]]
+    for node in result.tagged_exported_program.graph.nodes:
+        if node.meta.get("delegation_tag") and node.op == "call_function":
+            del node.meta["val"]
+            break
+    for tag, spec in result.partition_tags.items():
+        result.partition_tags[tag] = spec._replace(compile_specs=[])
+    partitioner_module._hint_static_shapes(result)
+    assert [s.compile_specs for s in result.partition_tags.values()] == [[CompileSpec(STATIC_SHAPES, b"false")]]

@@ -213,13 +213,14 @@ def _drop_constant_partitions(result: PartitionResult, constants: set[str]) -> P
 def _hint_static_shapes(result: PartitionResult) -> None:
     """Add the ``static_shapes`` compile spec to each partition's :class:`DelegationSpec`: ``true`` when no node of
     the partition, nor any value it reads, has a symbolic dim in its ``meta["val"]`` (its inputs and outputs then
-    never change shape), ``false`` otherwise."""
+    never change shape), ``false`` otherwise -- also when a value has no ``meta["val"]`` (unknown shapes: ``false``
+    keeps the shared operators, right at every shape)."""
     dynamic: set[str] = set()
     for node in result.tagged_exported_program.graph.nodes:
         tag = node.meta.get("delegation_tag")
         if tag is None or tag in dynamic:
             continue
-        if any(_has_symbolic_dim(n.meta.get("val")) for n in (node, *node.all_input_nodes)):
+        if any("val" not in n.meta or _has_symbolic_dim(n.meta["val"]) for n in (node, *node.all_input_nodes)):
             dynamic.add(tag)
     for tag, spec in list(result.partition_tags.items()):
         value = b"false" if tag in dynamic else b"true"
