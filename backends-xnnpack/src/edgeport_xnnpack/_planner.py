@@ -5,7 +5,7 @@ operators) with the buffers that cross them; ``plan`` runs again at other dims f
 (:mod:`edgeport_xnnpack._fc_ops`); ``close_shared`` deletes them. What a plan decides from the nodes, values and
 dims alone (sides, schedule, the buffers between steps) is shared with every delegate of the same structure planned
 at the same dims (a decoder's layers: ``_plan.known_layout``); native runtimes and host kernels are built per plan.
-The executor's buffers of one plan are carved out of one allocation (``padded_buffers``)."""
+The executor's small buffers of one plan are carved out of one allocation (``padded_buffers``)."""
 
 
 from __future__ import annotations
@@ -208,8 +208,12 @@ class Planner:
         const = set(self.const)
         gemm, placed, groups, crossing, host_const = self._layout(nodes, io, inputs, outputs, const)
         buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
-        own = sorted(crossing - set(outputs) - set(buffers))
-        buffers.update(zip(own, padded_buffers([(self.dims[v], _NP[self.values[v].datatype]) for v in own])))
+        own = [(v, self.dims[v], _NP[self.values[v].datatype]) for v in sorted(crossing - set(outputs) - set(buffers))]
+        small = [(v, d, dt) for v, d, dt in own if math.prod(d) * np.dtype(dt).itemsize <= _SMALL_BUFFER]
+        buffers.update(zip((v for v, _, _ in small), padded_buffers([(d, dt) for _, d, dt in small])))
+        for v, d, dt in own:  # a large one on its own, as before (its allocation's cost is small beside its size)
+            if v not in buffers:
+                buffers[v] = native.padded_empty(d, dt)
         steps: list[NativeStep | HostStep | ShuffleStep] = []
         external = set(inputs) | crossing
         try:
@@ -410,6 +414,9 @@ class Planner:
             return sg.define_quantized_tensor(v.datatype, q.zero_point, q.scale, dims, data, ext, flags)
         return sg.define_channelwise_quantized_tensor(v.datatype, np.asarray(q.scale), dims, q.channel_dim, data,
                                                       ext, flags)
+
+
+_SMALL_BUFFER = 16 << 10  # bytes: an executor buffer up to this size is carved out of its plan's one allocation
 
 
 _DECIDERS = ("wants_host", "holds_filter", "place", "absorb_scaled_transposes", "fc_operands", "schedule", "is_view",
