@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 import pytest
-from xnn_helpers import greedy_decode
+from xnn_helpers import DECODER_CASES, eager_greedy_tokens, forget_planning, greedy_decode, small_decoder
 
 from edgeport_xnnpack import _copies, _host, _infer, _plan, _planner, _specialize, native
 from edgeport_xnnpack._native_run import _near_page_end
@@ -213,9 +213,7 @@ def _run(pte: bytes, fresh: bool, monkeypatch, stats: dict) -> list[np.ndarray]:
 
     def plan(self, *args, **kw):
         if fresh:
-            self._io, self._kind_why, self._groups, self._padded = None, {}, {}, {}
-            _plan.clear_layouts()
-            _copies.clear_memo()
+            forget_planning(self)
         return real_plan(self, *args, **kw)
 
     def known(key):
@@ -241,18 +239,9 @@ def _run(pte: bytes, fresh: bool, monkeypatch, stats: dict) -> list[np.ndarray]:
     return outs
 
 
-@pytest.mark.parametrize("name, scheme", [("llama", None), pytest.param("llama", "8da4w", marks=pytest.mark.slow),
-                                          pytest.param("qwen2", None, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name, scheme", DECODER_CASES)
 def test_first_call_caches_are_bit_identical_to_planning_afresh(monkeypatch, name, scheme):
-    pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    if scheme:
-        pytest.importorskip("torchao")
-    from edgeport.llm import export_decoder
-    from edgeport.testing.decoders import DECODERS
-
-    model = DECODERS[name](size="small")
-    pte = export_decoder(model, max_seq_len=16, max_context_len=32, quantize=scheme).manager.buffer
+    model, pte = small_decoder(name, scheme)
     _plan.clear_layouts()
     _copies.clear_memo()
     stats: dict = {}
@@ -267,10 +256,8 @@ def test_first_call_caches_are_bit_identical_to_planning_afresh(monkeypatch, nam
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(b, c)
     if scheme is None:
-        with torch.no_grad():
-            eager = model.generate(torch.tensor([PROMPT]), max_new_tokens=7, do_sample=False,
-                                   attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long))
-        assert [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in new] == eager[0, len(PROMPT):].tolist()
+        tokens = [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in new]
+        assert tokens == eager_greedy_tokens(model, PROMPT, 7)
 
 
 def test_another_structure_in_the_same_process_plans_afresh(monkeypatch):

@@ -14,7 +14,7 @@ if not hasattr(gemm, "bmm"):
 
 from edgeport_xnnpack import _host  # noqa: E402
 from edgeport_xnnpack.schema.graph import XNode  # noqa: E402
-from xnn_helpers import DECODE_PROMPT, greedy_decode  # noqa: E402
+from xnn_helpers import DECODE_PROMPT, eager_greedy_tokens, greedy_decode, small_decoder  # noqa: E402
 
 
 def _close(got: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
@@ -154,13 +154,7 @@ def _decode_logits(pte: bytes, threads: int, steps: int) -> list[np.ndarray]:
 def test_decoder_steps_match_the_numpy_path_and_eager(monkeypatch, name, threads):
     """Prefill + decode steps of a Hugging Face decoder with the attention products on bmm, against the same
     program with them on numpy's matmul (the path before), and the greedy tokens against eager PyTorch."""
-    pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    from edgeport.llm import export_decoder
-    from edgeport.testing.decoders import DECODERS
-
-    model = DECODERS[name](size="small")
-    pte = export_decoder(model, max_seq_len=16, max_context_len=32).manager.buffer
+    model, pte = small_decoder(name, None)
     calls = []
     real = _host._bmm
 
@@ -176,12 +170,8 @@ def test_decoder_steps_match_the_numpy_path_and_eager(monkeypatch, name, threads
     slow = _decode_logits(pte, threads, 8)
     for f, s in zip(fast, slow, strict=True):
         np.testing.assert_allclose(f, s, rtol=1e-4, atol=1e-4)
-    prompt = DECODE_PROMPT
-    with torch.no_grad():
-        eager = model.generate(torch.tensor([prompt]), max_new_tokens=9, do_sample=False,
-                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
     ours = [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in fast]
-    assert ours == eager
+    assert ours == eager_greedy_tokens(model, DECODE_PROMPT, 9)
 
 
 def _scores_segment(scale_first: bool, clamp: bool = False):

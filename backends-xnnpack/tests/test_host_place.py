@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from xnn_helpers import DECODE_PROMPT, greedy_decode
+from xnn_helpers import DECODE_PROMPT, DECODER_CASES, eager_greedy_tokens, greedy_decode, small_decoder
 
 from edgeport_xnnpack import _host, _plan, _planner
 from edgeport_xnnpack._host_place import absorb_scaled_transposes
@@ -103,18 +103,9 @@ def _logits(pte: bytes, threads: int, absorb: bool, moved: list[int], monkeypatc
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("name, scheme", [("llama", None), pytest.param("llama", "8da4w", marks=pytest.mark.slow),
-                                          pytest.param("qwen2", None, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name, scheme", DECODER_CASES)
 def test_decoders_with_the_transpose_on_the_host(monkeypatch, name, scheme, threads):
-    pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    if scheme:
-        pytest.importorskip("torchao")
-    from edgeport.llm import export_decoder
-    from edgeport.testing.decoders import DECODERS
-
-    model = DECODERS[name](size="small")
-    pte = export_decoder(model, max_seq_len=16, max_context_len=32, quantize=scheme).manager.buffer
+    model, pte = small_decoder(name, scheme)
     moved: list[int] = []
     new = _logits(pte, threads, True, moved, monkeypatch)
     assert moved, "no transpose moved to the host"
@@ -123,7 +114,5 @@ def test_decoders_with_the_transpose_on_the_host(monkeypatch, name, scheme, thre
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     if scheme is None:
         prompt = DECODE_PROMPT
-        with torch.no_grad():
-            eager = model.generate(torch.tensor([prompt]), max_new_tokens=9, do_sample=False,
-                                   attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        assert [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in new] == eager[0, len(prompt):].tolist()
+        tokens = [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in new]
+        assert tokens == eager_greedy_tokens(model, prompt, 9)

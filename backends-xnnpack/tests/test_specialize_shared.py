@@ -11,7 +11,8 @@ import random
 
 import numpy as np
 import pytest
-from xnn_helpers import greedy_decode
+import torch
+from xnn_helpers import DECODER_CASES, eager_greedy_tokens, forget_planning, greedy_decode, small_decoder
 
 from edgeport_xnnpack import _copies, _plan, _planner, _specialize, native
 from edgeport_xnnpack._plan import schedule
@@ -71,9 +72,7 @@ def _run(pte: bytes, fresh: bool, monkeypatch, seen: dict) -> list[np.ndarray]:
 
     def plan(self, *args, **kw):
         if fresh:
-            self._io, self._kind_why, self._groups, self._padded = None, {}, {}, {}
-            _plan.clear_layouts()  # and what other delegates of the same structure decided (_plan)
-            _copies.clear_memo()
+            forget_planning(self)
         out = real_plan(self, *args, **kw)
         seen.setdefault(id(self), []).append((self, id(self.node_io()), len(self._groups)))
         return out
@@ -93,18 +92,9 @@ def _run(pte: bytes, fresh: bool, monkeypatch, seen: dict) -> list[np.ndarray]:
     return outs
 
 
-@pytest.mark.parametrize("name, scheme", [("llama", None), pytest.param("llama", "8da4w", marks=pytest.mark.slow),
-                                          pytest.param("qwen2", None, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name, scheme", DECODER_CASES)
 def test_specializations_with_shared_facts_are_bit_identical(monkeypatch, name, scheme):
-    pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    if scheme:
-        pytest.importorskip("torchao")
-    from edgeport.llm import export_decoder
-    from edgeport.testing.decoders import DECODERS
-
-    model = DECODERS[name](size="small")
-    pte = export_decoder(model, max_seq_len=16, max_context_len=32, quantize=scheme).manager.buffer
+    model, pte = small_decoder(name, scheme)
     shared: dict = {}
     new = _run(pte, False, monkeypatch, shared)
     old = _run(pte, True, monkeypatch, {})
@@ -125,8 +115,7 @@ def test_specializations_with_shared_facts_are_bit_identical(monkeypatch, name, 
 
     if scheme is None:
         with torch.no_grad():
-            eager = model.generate(torch.tensor([PROMPT]), max_new_tokens=7, do_sample=False,
-                                   attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long))
             logits = model(torch.tensor([PROMPT])).logits.numpy()
-        assert [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in new] == eager[0, len(PROMPT):].tolist()
+        tokens = [int(np.argmax(o.reshape(-1, o.shape[-1])[-1])) for o in new]
+        assert tokens == eager_greedy_tokens(model, PROMPT, 7)
         np.testing.assert_allclose(new[0].reshape(-1, logits.shape[-1])[-1], logits[0, -1], rtol=1e-3, atol=1e-3)

@@ -109,6 +109,23 @@ def corrupted_blobs(blob: bytes, count: int, seed: int, max_flips: int) -> Itera
 
 DECODE_PROMPT = [1, 17, 42, 9, 100, 5, 77]
 
+#: ``(decoder, quantization)`` cases of the decoder tests: fp32 Llama in the default run, 8da4w Llama and Qwen2 slow
+DECODER_CASES = [("llama", None), pytest.param("llama", "8da4w", marks=pytest.mark.slow),
+                 pytest.param("qwen2", None, marks=pytest.mark.slow)]
+
+
+def small_decoder(name: str, scheme: str | None) -> tuple[torch.nn.Module, bytes]:
+    """A small random-weight Hugging Face decoder (``edgeport.testing.decoders``) and its edgeport program (max
+    sequence 16, context 32, quantized with ``scheme``); skips without ``transformers`` (or ``torchao``)."""
+    pytest.importorskip("transformers")
+    if scheme:
+        pytest.importorskip("torchao")
+    from edgeport.llm import export_decoder
+    from edgeport.testing.decoders import DECODERS
+
+    model = DECODERS[name](size="small")
+    return model, export_decoder(model, max_seq_len=16, max_context_len=32, quantize=scheme).manager.buffer
+
 
 def greedy_decode(method, steps: int, prompt: list[int] = DECODE_PROMPT, every_output: bool = False) -> list:
     """Copies of what an LLM method (inputs: token ids ``[1, n]``, cache positions ``[n]``) returns for one prefill
@@ -124,6 +141,24 @@ def greedy_decode(method, steps: int, prompt: list[int] = DECODE_PROMPT, every_o
         token = int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))
         calls.append(call([token], np.array([len(prompt) + i], np.int64)))
     return calls if every_output else [c[0] for c in calls]
+
+
+def forget_planning(planner) -> None:
+    """Empty a delegate planner's caches and every kept layout and copy table: its next plan is made from scratch
+    (the uncached path, the oracle of the planning caches)."""
+    from edgeport_xnnpack import _copies, _plan
+
+    planner._io, planner._kind_why, planner._groups, planner._padded = None, {}, {}, {}
+    _plan.clear_layouts()
+    _copies.clear_memo()
+
+
+def eager_greedy_tokens(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
+    """The ``new`` tokens a Hugging Face decoder generates greedily after ``prompt`` in eager PyTorch."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
 
 
 class StepTracer:
