@@ -525,21 +525,17 @@ class Subgraph:
                 self._reads.setdefault(vid, set()).add("weight" if vid in weights else "input")
         converted = []
         for a, t in zip(args, fn.argtypes[1:], strict=True):
-            if t is c_uint32:  # a plain int in range first: the error message is formatted only for a refusal
-                converted.append(a if type(a) is int and 0 <= a <= 0xFFFFFFFF
-                                 else _u32(a, f"xnn_define_{definer} argument"))
+            if t is c_uint32:
+                converted.append(_u32(a, f"xnn_define_{definer} argument"))
             elif t is c_size_t:
-                if type(a) is not int and (isinstance(a, bool) or not isinstance(a, (int, np.integer))) \
-                        or not 0 <= int(a) < 2**62:
+                if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= int(a) < 2**62:
                     raise XnnpackError(f"xnn_define_{definer}: bad size argument {a!r}")
                 converted.append(int(a))
             elif t is c_float:
                 converted.append(float(a))
             else:  # size_t* arrays
                 converted.append(_size_array(_dims(a, f"xnn_define_{definer} array argument")))
-        status = fn(self._h(), *converted)
-        if status != 0:
-            self.lib.check(status, f"xnn_define_{definer}")
+        self.lib.check(fn(self._h(), *converted), f"xnn_define_{definer}")
 
     def _h(self) -> int:
         if not self.handle:
