@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from edgeport_xnnpack._memo import BoundedMemo
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, INVALID_ID, XNode, id_fields
 
 try:  # optional, built with the C glue when a compiler is present
@@ -40,10 +39,8 @@ _run = getattr(_kernels, "copy_runs", None)
 # copy plans kept by segment structure and dims (see plan_copies): at most this many, of this many table bytes
 _MEMO_ENTRIES = 512
 _MEMO_BYTES = 8 << 20
-_MEMO: OrderedDict[tuple[Any, ...], CopyPlan | None] = OrderedDict()
-_MEMO_LOCK = threading.Lock()
+_MEMO = BoundedMemo(_MEMO_ENTRIES, _MEMO_BYTES, size=lambda plan: 0 if plan is None else plan.table.nbytes)
 _MISS = object()
-_memo_bytes = 0
 
 
 class CopyPlan:
@@ -73,17 +70,14 @@ def plan_copies(nodes: Sequence[XNode], program: Sequence[Callable[[dict[int, np
         return None
     key = (signature(nodes, reads, writes, dims), _MAX_RUNS)
     try:
-        with _MEMO_LOCK:
-            got = _MEMO.get(key, _MISS)
-            if got is not _MISS:
-                _MEMO.move_to_end(key)
-                return got
+        got = _MEMO.get(key, _MISS)
     except TypeError:  # a parameter that cannot be hashed (not expected): plan without the memo
         return _plan(program, reads, writes, dims)
+    if got is not _MISS:
+        return got
     plan = _plan(program, reads, writes, dims)
-    size = 0 if plan is None else plan.table.nbytes
-    if size <= _MEMO_BYTES // 8:
-        _remember(key, plan, size)
+    if plan is None or plan.table.nbytes <= _MEMO_BYTES // 8:
+        _MEMO.put(key, plan)
     return plan
 
 
@@ -111,24 +105,9 @@ def signature(nodes: Sequence[XNode], reads: Sequence[int], writes: Sequence[int
     return (tuple(described), len(reads), len(writes), tuple(tuple(dims(v)) for v in order))
 
 
-def _remember(key: tuple[Any, ...], plan: CopyPlan | None, size: int) -> None:
-    global _memo_bytes
-    with _MEMO_LOCK:
-        if key in _MEMO:
-            return
-        _MEMO[key] = plan
-        _memo_bytes += size
-        while len(_MEMO) > _MEMO_ENTRIES or _memo_bytes > _MEMO_BYTES:
-            old = _MEMO.popitem(last=False)[1]
-            _memo_bytes -= 0 if old is None else old.table.nbytes
-
-
 def clear_memo() -> None:
     """Forget every kept copy plan (tests; the plans in use stay valid)."""
-    global _memo_bytes
-    with _MEMO_LOCK:
-        _MEMO.clear()
-        _memo_bytes = 0
+    _MEMO.clear()
 
 
 def _plan(program: Sequence[Callable[[dict[int, np.ndarray]], None]], reads: Sequence[int],

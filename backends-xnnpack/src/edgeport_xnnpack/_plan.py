@@ -24,14 +24,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from edgeport_xnnpack._memo import BoundedMemo
 from edgeport_xnnpack.schema.graph import FP32, QINT8, PerTensorQuant, TensorValue, XNode
 
 _VIEW_KINDS = ("XNNStaticReshape", "XNNCopy")
@@ -232,11 +231,10 @@ def schedule(nodes: Sequence[XNode], sides: Sequence[str],
 # key is a *structure token* (equal for equal structures, see structure_token) with every value's dims.
 
 _LAYOUT_ENTRIES = 64  # layouts kept (least recently used dropped)
-_STRUCTURE_ENTRIES = 1024  # distinct structures remembered (all forgotten past that; tokens are never reused)
-_LAYOUTS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_STRUCTURES: dict[tuple[Any, ...], int] = {}
+_STRUCTURE_ENTRIES = 1024  # distinct structures remembered (least recently used forgotten; tokens never reused)
+_LAYOUTS = BoundedMemo(_LAYOUT_ENTRIES)
+_STRUCTURES = BoundedMemo(_STRUCTURE_ENTRIES)
 _TOKENS = itertools.count(1)
-_LOCK = threading.Lock()
 
 
 def structure_token(nodes: Sequence[XNode], values: dict[int, TensorValue], const: dict[int, Any],
@@ -246,35 +244,22 @@ def structure_token(nodes: Sequence[XNode], values: dict[int, TensorValue], cons
     (not their bytes), and ``extra`` (the planning options) are equal."""
     key = (tuple(_node_key(n) for n in nodes),
            tuple(_value_key(values[vid], const.get(vid)) for vid in sorted(values)), _frozen(extra))
-    with _LOCK:
-        token = _STRUCTURES.get(key)
-        if token is None:
-            if len(_STRUCTURES) >= _STRUCTURE_ENTRIES:
-                _STRUCTURES.clear()
-            token = _STRUCTURES[key] = next(_TOKENS)
-    return token
+    token = _STRUCTURES.get(key)
+    return token if token is not None else _STRUCTURES.put(key, next(_TOKENS))
 
 
 def known_layout(key: tuple[Any, ...]) -> Any | None:
     """The layout kept under ``key`` (marked most recently used), or None."""
-    with _LOCK:
-        layout = _LAYOUTS.get(key)
-        if layout is not None:
-            _LAYOUTS.move_to_end(key)
-        return layout
+    return _LAYOUTS.get(key)
 
 
 def keep_layout(key: tuple[Any, ...], layout: Any) -> None:
-    with _LOCK:
-        _LAYOUTS[key] = layout
-        while len(_LAYOUTS) > _LAYOUT_ENTRIES:
-            _LAYOUTS.popitem(last=False)
+    _LAYOUTS.put(key, layout)
 
 
 def clear_layouts() -> None:
     """Forget every kept layout (tests; plans made from them are unaffected)."""
-    with _LOCK:
-        _LAYOUTS.clear()
+    _LAYOUTS.clear()
 
 
 def _node_key(n: XNode) -> tuple[Any, ...]:
