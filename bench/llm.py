@@ -134,21 +134,42 @@ def build(size: str, scheme: str, context: int, chunk: int, work: Path) -> dict[
 
 # -- child: one contender --------------------------------------------------------------------------------------
 def _stepper(contender: str, args: argparse.Namespace) -> Any:
+    """``step(ids, positions) -> logits`` of one contender, with its ``load_s`` attribute: the seconds from
+    reading the program to a method ready to run (imports before that, not counted), including edgeport's
+    preparation of the one-token decode step (``Method.prepare``, as ``edgeport.llm.TextRunner`` does)."""
     import numpy as np
 
     if contender in ("edgeport", "edgeport-on-tuned"):
-        from edgeport.runtime import Runtime
+        import edgeport_xnnpack.runtime  # noqa: F401 - imported here, not inside the timed load
 
+        from edgeport.runtime import Runtime, backends
+
+        backends()  # the plugins' entry points load (imports) here, not inside the timed load
+
+        begin = time.perf_counter()
         method = Runtime.get().load_program(args.pte).load_method(
             backend_options={"XnnpackBackend": {"num_threads": args.threads}})
         if contender == "edgeport-on-tuned":  # ExecuTorch's llama export takes the start position
-            return lambda ids, pos: method.execute([ids, pos[:1]])[0]
-        return lambda ids, pos: method.execute([ids, pos])[0]
+            def step(ids: Any, pos: Any) -> Any:
+                return method.execute([ids, pos[:1]])[0]
+        else:
+            def step(ids: Any, pos: Any) -> Any:
+                return method.execute([ids, pos])[0]
+        method.prepare([np.zeros((1, 1), np.int64), np.zeros(1, np.int64)])
+        step.load_s = time.perf_counter() - begin  # type: ignore[attr-defined]
+        return step
     if contender == "et-tuned":
         from et_tuned_llama import et_stepper
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - imported outside the timed load
+        from executorch.runtime import Runtime  # noqa: F401
 
-        step = et_stepper(args.pte, args.threads)
-        return lambda ids, pos: step(ids, int(pos[0]))
+        begin = time.perf_counter()
+        tuned = et_stepper(args.pte, args.threads)
+
+        def step(ids: Any, pos: Any) -> Any:
+            return tuned(ids, int(pos[0]))
+        step.load_s = time.perf_counter() - begin  # type: ignore[attr-defined]
+        return step
     if contender in ("et", "edgeport-on-et"):
         import torch
         from executorch.extension.pybindings import portable_lib
@@ -156,8 +177,13 @@ def _stepper(contender: str, args: argparse.Namespace) -> Any:
 
         if hasattr(portable_lib, "_unsafe_reset_threadpool"):
             portable_lib._unsafe_reset_threadpool(args.threads)
-        method = Runtime.get().load_program(args.pte).load_method("forward")
-        return lambda ids, pos: method.execute([torch.from_numpy(ids), torch.from_numpy(pos)])[0].numpy()
+        begin = time.perf_counter()
+        loaded = Runtime.get().load_program(args.pte).load_method("forward")
+
+        def step(ids: Any, pos: Any) -> Any:
+            return loaded.execute([torch.from_numpy(ids), torch.from_numpy(pos)])[0].numpy()
+        step.load_s = time.perf_counter() - begin  # type: ignore[attr-defined]
+        return step
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -169,12 +195,12 @@ def _stepper(contender: str, args: argparse.Namespace) -> Any:
     _quantize(model, None if args.scheme == "fp32" else args.scheme, None, 32)
     module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=args.context).model
 
-    def step(ids: Any, pos: Any) -> Any:
+    def eager(ids: Any, pos: Any) -> Any:
         with torch.no_grad():
             return module(input_ids=torch.from_numpy(ids), cache_position=torch.from_numpy(pos)).numpy()
 
-    _ = np
-    return step
+    eager.load_s = float("nan")  # type: ignore[attr-defined]
+    return eager
 
 
 def paired_child(args: argparse.Namespace) -> None:
@@ -232,7 +258,7 @@ def child(args: argparse.Namespace) -> None:
     from edgeport.llm.runner import peak_rss_bytes
 
     rss = peak_rss_bytes()
-    print(json.dumps({"runs": results, "peak_rss": rss}))
+    print(json.dumps({"runs": results, "peak_rss": rss, "load_s": step.load_s}))
 
 
 def run_child(contender: str, size: str, scheme: str, pte: str | None, args: argparse.Namespace,
@@ -290,7 +316,7 @@ def main() -> None:
                         if "error" in res:
                             errors[contender] = res["error"]
                             continue
-                        runs[contender] += res["runs"]
+                        runs[contender] += [{**r, "load_s": res["load_s"]} for r in res["runs"]]
                         rss[contender] = max(rss.get(contender, 0), res["peak_rss"])
                     res = run_child("paired", size, scheme, built["paths"]["edgeport"], args, built["vocab"],
                                     built["paths"]["et"])
@@ -332,12 +358,14 @@ def report(rows: list[Any], args: argparse.Namespace) -> str:
              "own process. `python bench/llm.py` (see its docstring).", "",
              "`decode tok/s` = the new tokens after the first over the decode loop's wall time (a fresh process: "
              "the first decode call's one-time work included); `steady` = 1 / the median decode step; `1st step "
-             "ms` = the first decode call; `paired` = the median per-step speed ratio against `et` with the three "
-             "contenders decoding in turn in one process (see the docstring), over all rounds' steps, with its "
-             "interquartile range.", "",
+             "ms` = the first decode call; `load ms` = reading the program to a method ready to run, imports not "
+             "counted (edgeport's includes preparing the one-token decode step, `Method.prepare`, as its text "
+             "runner does; ExecuTorch's XNNPACK packs its weights there); `paired` = the median per-step speed "
+             "ratio against `et` with the three contenders decoding in turn in one process (see the docstring), "
+             "over all rounds' steps, with its interquartile range.", "",
              "| size | scheme | contender | decode tok/s | vs ET | steady tok/s | vs ET | paired vs ET | 1st step ms "
-             "| prefill tok/s | TTFT ms | peak RSS MiB | .pte MiB | lowering s | tokens = eager |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| load ms | prefill tok/s | TTFT ms | peak RSS MiB | .pte MiB | lowering s | tokens = eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size, scheme, built, runs, rss, errors, paired in rows:
         et_decode = _median(runs["et"], "decode_tps")
         et_steady = _median(runs["et"], "steady_tps")
@@ -345,7 +373,7 @@ def report(rows: list[Any], args: argparse.Namespace) -> str:
         for c in CONTENDERS:
             if c in errors and not runs[c]:
                 lines.append(f"| {size} | {scheme} | {c} | error: {errors[c].strip().splitlines()[-1][:80]} |"
-                             + " |" * 11)
+                             + " |" * 12)
                 continue
             decode = _median(runs[c], "decode_tps")
             steady = _median(runs[c], "steady_tps")
@@ -360,7 +388,7 @@ def report(rows: list[Any], args: argparse.Namespace) -> str:
             lines.append(
                 f"| {size} | {scheme} | {c} | {decode:.1f} | {decode / et_decode:.2f}x | {steady:.1f} | "
                 f"{steady / et_steady:.2f}x | {_paired(paired, c, errors)} | "
-                f"{_median(runs[c], 'first_step_s') * 1e3:.1f} | "
+                f"{_median(runs[c], 'first_step_s') * 1e3:.1f} | {_median(runs[c], 'load_s') * 1e3:.0f} | "
                 f"{_median(runs[c], 'prefill_tps'):.0f} | {_median(runs[c], 'ttft_s') * 1e3:.1f} | "
                 f"{rss.get(c, 0) / 2**20:.0f} | {'-' if pte is None else f'{pte / 2**20:.1f}'} | "
                 f"{'-' if lower is None else f'{lower:.1f}'} | {same} |")

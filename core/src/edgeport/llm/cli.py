@@ -83,8 +83,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from edgeport.llm.runner import GenerationConfig
 
     try:
+        begin = time.perf_counter()
         generator = TextGenerator(args.program, args.tokenizer, data_path=args.data_path,
                                   backend_options={"XnnpackBackend": {"num_threads": args.threads}})
+        load_s = time.perf_counter() - begin
         config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, seed=args.seed)
         sys.stdout.write(args.prompt)
@@ -98,5 +100,6 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"\nedgeport generate: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write("\n")
-    print(result.stats, file=sys.stderr)
+    print(f"loaded in {load_s * 1e3:.1f} ms (of which {generator.runner.prepare_s * 1e3:.1f} ms preparing the "
+          f"one-token decode step); {result.stats}", file=sys.stderr)
     return 0

@@ -160,6 +160,18 @@ class Method:
     def __call__(self, *inputs: Any) -> list[Any]:
         return self.execute(inputs)
 
+    def prepare(self, example_inputs: Sequence[Any]) -> None:
+        """Do now the one-time work that the first call with inputs of these shapes would do: run the method
+        once on ``example_inputs`` (any values of the shapes and dtypes to come, e.g. a decoder's one-token
+        step) and discard the results. Delegates specialize for a shape they have not seen on its first call;
+        this moves that work out of, say, the first decode step of a generation into load time.
+
+        The method's state (mutable buffers such as a KV cache) is untouched, and ``profile.runs`` does not count
+        the run, nor does an ETDump record it. Raises like :meth:`execute` for inputs the method cannot take."""
+        if isinstance(example_inputs, np.ndarray) or not isinstance(example_inputs, (list, tuple)):
+            example_inputs = [example_inputs]
+        self._runner.prepare(example_inputs)
+
     def release(self) -> None:
         """Destroy delegate handles now (also happens when the method is garbage collected)."""
         self._finalizer()

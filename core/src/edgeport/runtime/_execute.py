@@ -141,6 +141,34 @@ class MethodRunner:
         prof.last_run_seconds = _clock() - t0
         return outs
 
+    def prepare(self, inputs: Sequence[Any]) -> None:
+        """Run the method once on ``inputs`` for the one-time work of their shapes (e.g. delegates specializing
+        for a shape they have not seen) and throw the results away: nothing is recorded or counted, and the
+        method's state is left as it was. Before the first run of a method with state, the run happens in its own
+        memory, which then starts again from the initial values (so no second copy of the state is needed);
+        after that, and for methods without state, in memory of its own."""
+        plan = self.plan
+        binders = plan.binders
+        if len(inputs) != len(binders):
+            raise RuntimeExecutionError(f"{plan.where}: expected {len(binders)} inputs, got {len(inputs)}")
+        with self._state_lock:
+            own = plan.stateful and plan.profile.runs == 0 and bool(self._pool)
+            ctx = self._pool.pop() if own else plan.new_context()
+            vals = ctx.vals
+            try:
+                for bind, x in zip(binders, inputs):
+                    bind(vals, x)
+                with np.errstate(all="ignore"):
+                    for ops, has_jump, labels in plan.chains:
+                        if has_jump:
+                            self._run_with_jumps(ops, labels, vals)
+                        else:
+                            self._run_ops(ops, labels, vals)
+            finally:
+                del vals, ctx  # the state touched by this run goes away before fresh memory is allocated
+                if own:
+                    self._pool.append(plan.new_context())
+
     def _run_chains(self, plan: MethodPlan, vals: list) -> None:
         if self.recorder is not None:
             self._run_traced(plan, vals)
@@ -152,14 +180,17 @@ class MethodRunner:
             if has_jump:
                 self._run_with_jumps(ops, labels, vals)
                 continue
-            i = -1
-            try:
-                for i, (fn, get, post) in enumerate(ops):  # noqa: B007 - i names the failing op
-                    r = fn(*get(vals))
-                    if post is not None:
-                        post(vals, r)
-            except Exception as exc:
-                raise self._wrap(exc, labels, i) from exc
+            self._run_ops(ops, labels, vals)
+
+    def _run_ops(self, ops: list[tuple], labels: list[str], vals: list) -> None:
+        i = -1
+        try:
+            for i, (fn, get, post) in enumerate(ops):  # noqa: B007 - i names the failing op
+                r = fn(*get(vals))
+                if post is not None:
+                    post(vals, r)
+        except Exception as exc:
+            raise self._wrap(exc, labels, i) from exc
 
     def _run_timed(self, ops: list[tuple], labels: list[str], vals: list) -> None:
         prof = self.plan.profile
