@@ -1,5 +1,5 @@
 """The direct call of a delegate whose every step has a binding: the C glue's (inside XNNPACK) or a host
-segment's (:class:`edgeport_xnnpack._host.SegmentBinding`).
+segment's (:class:`edgeport_xnnpack._replay.SegmentBinding`).
 
 Such a handle (a fully delegated CNN: the NCHW -> NHWC channel shuffle, then one runtime, or runtimes and host
 products in turn) needs no per-step work beyond the binding's own: ``call(inputs, out)`` lays the caller's arrays

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._copies import plan_copies
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
 from edgeport_xnnpack._host_place import fused_scales
+from edgeport_xnnpack._replay import bind_view_copy, is_view_of
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_mean
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
@@ -110,6 +112,9 @@ class HostOp:
     # (shape, dtype) when ``compute`` is ``into`` on a fresh array of that C-contiguous shape: a segment may then
     # keep one such array for the op and compute into it on every call (no allocation, no fresh pages)
     scratch: tuple[tuple[int, ...], Any] | None = None
+    # ``bind(xs, out)``: ``into`` for these very arrays as a call of no arguments, views made once (see
+    # :mod:`edgeport_xnnpack._replay`); ``None``: the replay calls ``into(xs, out)`` itself
+    bind: Callable[[Sequence[np.ndarray], np.ndarray], Callable[[], Any]] | None = None
 
 
 def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, view: bool = False,
@@ -117,12 +122,15 @@ def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, vie
         out_shape: tuple[int, ...] | None = None, out_dtype: type = np.float32) -> HostOp:
     """A host op from ``compute``, ``into`` or both (``compute`` alone copies into ``out``; ``into`` alone
     computes into a fresh ``out_dtype`` array of ``out_shape``)."""
+    bind = None
     if into is None:
         def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
             r = compute(xs)
             if view and _transposed_into(r, None, out):
                 return
             np.copyto(out, r.reshape(out.shape), casting="same_kind")
+        if view:
+            bind = bind_view_copy(compute, into)
     scratch = None
     if compute is None:
         def compute(xs: Sequence[np.ndarray]) -> np.ndarray:
@@ -130,7 +138,7 @@ def _op(compute: Callable[[Sequence[np.ndarray]], np.ndarray] | None = None, vie
             into(xs, out)
             return out
         scratch = (tuple(out_shape), out_dtype) if out_shape is not None else None
-    return HostOp(compute, into, view, scratch=scratch)
+    return HostOp(compute, into, view, scratch=scratch, bind=bind)
 
 
 def _clamp(node: XNode) -> tuple[float, float] | None:
@@ -240,8 +248,16 @@ def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
             np.add(dst, xs[2], out=dst)
         if clamp is not None:
             np.clip(dst, clamp[0], clamp[1], out=dst)
+
+    def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
+        lhs, rhs = operands(xs)
+        dst = out if same else out.reshape(want)
+        if has_bias or not small or not (is_view_of(lhs, xs[0]) and is_view_of(dst, out)):
+            return partial(into, xs, out)
+        product = partial(_bmm, lhs, rhs, dst, *bounds)
+        return lambda: product() or into(xs, out)  # the numpy path for what the C product refuses
     op = _op(into=into, out_shape=out_shape)
-    op.uses_blas = not small
+    op.uses_blas, op.bind = not small, bind
     return op
 
 
@@ -265,8 +281,21 @@ def _scaled_matmul(operands: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, 
         np.matmul(lhs, b, out=dst)
         if clamp is not None:
             np.clip(dst, lo, hi, out=dst)
+
+    def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
+        lhs, rhs = operands(xs)
+        dst = out if same else out.reshape(want)
+        scale = xs[2].reshape(-1)
+        if not small or xs[2].dtype != np.float32 or \
+                not (is_view_of(lhs, xs[0]) and is_view_of(dst, out) and is_view_of(scale, xs[2])):
+            return partial(into, xs, out)
+
+        def run() -> None:  # the scale read on every call
+            if not _bmm(lhs, rhs, dst, lo, hi, float(scale[0])):
+                into(xs, out)
+        return run
     op = _op(into=into, out_shape=out_shape)
-    op.uses_blas = not small
+    op.uses_blas, op.bind = not small, bind
     return op
 
 
@@ -365,6 +394,8 @@ class HostSegment:
             source[j] = source.get(i, io[i][0][0])
             dropped.add(i)
         self.program: list[Callable[[dict[int, np.ndarray]], None]] = []
+        # the program as data for ``_replay.bind_program``: (kind, op, inputs, output, buffer / (root, shape))
+        self.specs: list[tuple[str, HostOp | None, list[int], int, Any]] = []
         outside: set[int] = set()  # values the program reads that come from outside the segment
         written: set[int] = set()  # the executor's buffers it writes
         for j, (n, op) in enumerate(zip(nodes, ops, strict=True)):
@@ -376,6 +407,7 @@ class HostSegment:
             if j in aliased:  # the multiply's operand stands for its result (the product applies the scale)
                 ins = [aliased[j]]
                 self.program.append(_alias(ins[0], o))
+                self.specs.append(("alias", None, ins, o, None))
                 outside.update(v for v in ins if v not in produced)
                 continue
             if j in scales:
@@ -383,16 +415,21 @@ class HostSegment:
             outside.update(v for v in ins if v not in produced)
             if o in target:
                 self.program.append(_into_target(op, ins, o, *target[o]))
+                self.specs.append(("target", op, ins, o, target[o]))
                 written.add(target[o][0])
             elif o in materialize:
                 self.program.append(_into(op, ins, o))
+                self.specs.append(("into", op, ins, o, None))
                 written.add(o)
             elif op.scratch is not None and op.scratch[0] == tuple(dims(o)):
                 # an intermediate of this segment only (never an output: those are materialized), so one array
                 # reused across calls holds it; each op writes only its own
-                self.program.append(_into_scratch(op, ins, o, np.empty(*op.scratch)))
+                buf = np.empty(*op.scratch)
+                self.program.append(_into_scratch(op, ins, o, buf))
+                self.specs.append(("scratch", op, ins, o, buf))
             else:
                 self.program.append(_compute(op, ins, o))
+                self.specs.append(("compute", op, ins, o, None))
         self.size = len(nodes)
         self.io = (sorted(outside), sorted(written))
         self.reshape_only = all(n.kind in ("XNNStaticReshape", "XNNCopy") and op.view for n, op in zip(nodes, ops))
@@ -405,16 +442,21 @@ class HostSegment:
     def run(self, env: dict[int, np.ndarray]) -> None:
         if self.copies is not None and self.copies.run([env[v] for v in self._io_all]):
             return
+        self.replay(self.program, env)
+
+    def replay(self, steps: Sequence[Callable[..., Any]], *env: dict[int, np.ndarray]) -> None:
+        """Each of ``steps`` called with ``env`` (the program, or nothing: a bound replay), numpy's OpenBLAS on
+        one thread meanwhile when the segment uses it."""
         blas = self.blas
         n = blas[0]() if blas is not None else 1
         if n == 1:
-            for step in self.program:
-                step(env)
+            for step in steps:
+                step(*env)
             return
         blas[1](1)
         try:
-            for step in self.program:
-                step(env)
+            for step in steps:
+                step(*env)
         finally:
             blas[1](n)
 
@@ -463,32 +505,3 @@ def _into_target(op: HostOp, ins: list[int], o: int, root: int,
         fn([env[i] for i in ins], dst)
         env[o] = dst
     return step
-
-
-class SegmentBinding:
-    """A host segment as a step of the direct call (:mod:`edgeport_xnnpack._direct`): ``run(arrays)`` takes the
-    values of ``HostSegment.io`` in order (read, then written). Like the C glue's bindings it checks the arrays the
-    direct call says are the delegate's own inputs and outputs (``expect``) and raises ``ValueError`` for anything
-    but a C-contiguous float32 array of the exact dims, so the executor's general path handles those calls."""
-
-    def __init__(self, segment: HostSegment, vids: Sequence[int]) -> None:
-        self.segment, self.vids = segment, tuple(vids)
-        self.expected: list[tuple[int, tuple[int, ...], bool]] = []
-
-    def expect(self, k: int, fmt: str, dims: Sequence[int]) -> None:
-        if fmt != "f":
-            raise ValueError(f"unsupported format {fmt!r}")
-        self.expected.append((k, tuple(dims), k >= len(self.segment.io[0])))
-
-    def run(self, arrays: Sequence[np.ndarray]) -> None:
-        for k, dims, output in self.expected:
-            a = arrays[k]
-            if type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims or \
-                    not a.flags.c_contiguous or (output and not a.flags.writeable):
-                raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
-        copies = self.segment.copies
-        if copies is not None and copies.run(arrays):
-            return
-        if len(arrays) != len(self.vids):
-            raise ValueError(f"expected {len(self.vids)} arrays, got {len(arrays)}")
-        self.segment.run(dict(zip(self.vids, arrays)))

@@ -12,7 +12,8 @@ import numpy as np
 
 from edgeport_xnnpack import native
 from edgeport_xnnpack._direct import DirectCall
-from edgeport_xnnpack._host import HostSegment, SegmentBinding
+from edgeport_xnnpack._host import HostSegment
+from edgeport_xnnpack._replay import SegmentBinding
 from edgeport_xnnpack._operator_step import OperatorStep
 from edgeport_xnnpack._specialize import Specializer
 

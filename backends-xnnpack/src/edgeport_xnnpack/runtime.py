@@ -9,7 +9,9 @@ padded buffer allocated once. Constants are read-only views of the blob or the p
 XNNPACK packs most when a runtime is created, the few it keeps pointers to are copied per runtime. The views
 stay referenced for re-specializing (below). ``execute(handle, inputs, out=None)`` binds the
 caller's arrays and the ``out`` arrays (or fresh ones) without copying them, re-runs XNNPACK's setup only when
-a bound pointer changed, and keeps no reference to them afterwards. ``destroy`` frees every native object.
+a bound pointer changed, and keeps no reference to them afterwards -- except a host segment that got the same
+arrays twice in a row: it keeps views of them to replay its kernels on (:mod:`edgeport_xnnpack._replay`) until
+a call with other arrays or ``destroy``. ``destroy`` frees every native object.
 
 Dynamic shapes: a blob declares upper-bound dims. Inputs smaller in some dims run on a *specialization* for
 their shapes (:mod:`edgeport_xnnpack._specialize`): every value's dims are inferred and the same planning and

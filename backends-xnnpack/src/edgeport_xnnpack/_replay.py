@@ -1,0 +1,138 @@
+"""A host segment's program bound to the arrays of a direct call, replayed while the call passes the same arrays.
+
+The core runtime hands a delegate the same planned arrays on every call, so everything a host segment derives
+from them but their contents -- the reshapes, transposes and slices it reads through, the buffers it computes
+into, each operator's operands -- is the same on every call too. :class:`SegmentBinding` (a host segment as a step
+of :mod:`edgeport_xnnpack._direct`) binds the segment's program to the arrays once they came twice in a row:
+views made once, each computing step a call of no arguments (``HostOp.bind``: a small matrix product is one
+``_gemm.bmm`` call on views made at bind time, a view copied out one ``np.copyto``); then, while the very same
+array objects come again, it runs those calls only. The same kernels run on the same memory in the same order,
+so the results are the program's bit for bit. The binding keeps references to the arrays it bound (the
+program's planned buffers) until a call with other arrays (which runs the program and releases them) or until
+the handle is destroyed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from operator import is_
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from edgeport_xnnpack._host import HostSegment
+
+__all__ = ["SegmentBinding", "bind_program", "bind_view_copy", "is_view_of"]
+
+_F32 = np.dtype(np.float32)
+#: from this many elements a transposed copy runs on the transpose kernel (``_host._transposed_into``)
+_KERNEL_COPY = 4096
+
+Thunk = Callable[[], Any]
+
+
+def is_view_of(v: np.ndarray, a: np.ndarray) -> bool:
+    """``v`` reads ``a``'s memory (a view, not a copy numpy made because the layout asked for one)."""
+    return v.size > 0 and bool(np.may_share_memory(v, a))
+
+
+def bind_view_copy(compute: Callable[[Sequence[np.ndarray]], np.ndarray],
+                   into: Callable[[Sequence[np.ndarray], np.ndarray], None]) -> Callable[..., Thunk]:
+    """``HostOp.bind`` of a view op whose result is copied out: below the transpose kernel's size one
+    ``np.copyto`` of the view into ``out`` seen in the view's shape (the same elements in the same C order as
+    ``into`` copies them)."""
+    def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Thunk:
+        r = compute(xs)
+        if r.size >= _KERNEL_COPY or r.size != out.size:
+            return partial(into, xs, out)
+        dst = out.reshape(r.shape)
+        if not (is_view_of(r, xs[0]) and is_view_of(dst, out)):
+            return partial(into, xs, out)
+        return partial(np.copyto, dst, r, casting="same_kind")
+    return bind
+
+
+def bind_program(segment: HostSegment, env: dict[int, np.ndarray]) -> list[Thunk] | None:
+    """The calls that do what ``segment.program`` does on ``env`` (updated with the views and buffers it makes),
+    or ``None`` when the program computes a value that is not a view (a fresh array on every call) or numpy
+    would copy where the program takes a view."""
+    thunks: list[Thunk] = []
+    for kind, op, ins, o, extra in segment.specs:
+        if kind == "alias":
+            env[o] = env[ins[0]]
+            continue
+        assert op is not None
+        xs = [env[i] for i in ins]
+        if kind == "compute":
+            if not op.view:
+                return None
+            r = op.compute(xs)
+            if not is_view_of(r, xs[0]):
+                return None
+            env[o] = r
+            continue
+        if kind == "into":
+            out = env[o]
+        elif kind == "scratch":
+            out = env[o] = extra
+        else:  # "target": computed straight into (a reshape of) a materialized value
+            root, shape = extra
+            out = env[o] = env[root].reshape(shape)
+            if not is_view_of(out, env[root]):
+                return None
+        thunks.append(op.bind(xs, out) if op.bind is not None else partial(op.into, xs, out))
+    return thunks
+
+
+class SegmentBinding:
+    """A host segment as a step of the direct call (:mod:`edgeport_xnnpack._direct`): ``run(arrays)`` takes the
+    values of ``HostSegment.io`` in order (read, then written). Like the C glue's bindings it checks the arrays the
+    direct call says are the delegate's own inputs and outputs (``expect``) and raises ``ValueError`` for anything
+    but a C-contiguous float32 array of the exact dims, so the executor's general path handles those calls.
+    ``replay``: whether it binds the program to arrays that come twice in a row (see the module)."""
+
+    def __init__(self, segment: HostSegment, vids: Sequence[int], replay: bool = True) -> None:
+        self.segment, self.vids = segment, tuple(vids)
+        self.expected: list[tuple[int, tuple[int, ...], bool]] = []
+        self.replay = replay
+        self._bound: tuple[tuple[np.ndarray, ...], list[Thunk]] | None = None
+        self._seen: tuple[int, ...] = ()  # ids of the last call's arrays (no references)
+
+    def expect(self, k: int, fmt: str, dims: Sequence[int]) -> None:
+        if fmt != "f":
+            raise ValueError(f"unsupported format {fmt!r}")
+        self.expected.append((k, tuple(dims), k >= len(self.segment.io[0])))
+
+    def run(self, arrays: Sequence[np.ndarray]) -> None:
+        for k, dims, output in self.expected:
+            a = arrays[k]
+            if type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims or \
+                    not a.flags.c_contiguous or (output and not a.flags.writeable):
+                raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
+        segment = self.segment
+        copies = segment.copies
+        if copies is not None and copies.run(arrays):
+            return
+        if len(arrays) != len(self.vids):
+            raise ValueError(f"expected {len(self.vids)} arrays, got {len(arrays)}")
+        bound = self._bound
+        if bound is not None:
+            if all(map(is_, arrays, bound[0])):
+                segment.replay(bound[1])
+                return
+            self._bound = None  # other arrays: the bound ones are no longer referenced
+        env = dict(zip(self.vids, arrays))
+        if self.replay:
+            seen = tuple(map(id, arrays))
+            if seen == self._seen:
+                thunks = bind_program(segment, env)
+                if thunks is not None:
+                    self._bound = (tuple(arrays), thunks)
+                    segment.replay(thunks)
+                    return
+                self.replay = False  # this program cannot be bound: run it as it is from now on
+                env = dict(zip(self.vids, arrays))
+            self._seen = seen
+        segment.run(env)
