@@ -20,6 +20,7 @@ import numpy as np
 from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._copies import plan_copies
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
+from edgeport_xnnpack._host_gelu import _erf, _gelu, gelu_calls
 from edgeport_xnnpack._host_place import fused_scales
 from edgeport_xnnpack._replay import bind_view_copy, is_view_of
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_mean
@@ -40,41 +41,12 @@ _F32 = np.dtype(np.float32)
 BMM_MAX_MACS = 1 << 18
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    # Abramowitz & Stegun 7.1.26 refined with one Newton step: |error| < 1e-7 in float32
-    a1, a2, a3, a4, a5, p = 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911
-    s = np.sign(x)
-    ax = np.abs(x).astype(np.float64)
-    t = 1.0 / (1.0 + p * ax)
-    y = 1.0 - (((((a5 * t + a4) * t) + a3) * t + a2) * t + a1) * t * np.exp(-ax * ax)
-    return (s * y).astype(x.dtype)
-
-
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU: the vectorized C kernel (``edgeport_xnnpack._kernels``, 4.8x the numpy form's speed on
-    131k floats) when it was built, else the numpy form."""
-    if _kernels is None or x.dtype != np.float32:
-        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
-    src = np.ascontiguousarray(x)
-    out = np.empty_like(src)
-    _kernels.gelu(src, out)
-    return out
-
-
 def _gelu_op(shape: tuple[int, ...], pool: Any) -> HostOp:
     """GELU on the C kernel, written straight into the output, in chunks on ``pool`` when it has workers."""
-    import ctypes
-
-    assert _kernels is not None
-    handle = getattr(pool, "handle", None) or 0
-    where = ((ctypes.cast(pool.lib.pool.pthreadpool_parallelize_1d, ctypes.c_void_p).value, handle)
-             if handle and getattr(pool, "num_threads", 1) > 1 else ())
-    run = _kernels.gelu
-
-    def into(xs: Sequence[np.ndarray], out: np.ndarray) -> None:
-        x = xs[0]
-        run(x if x.dtype == np.float32 and x.flags.c_contiguous else np.ascontiguousarray(x, np.float32), out, *where)
-    return _op(into=into, out_shape=shape)
+    into, bind = gelu_calls(pool)
+    op = _op(into=into, out_shape=shape)
+    op.bind = bind
+    return op
 
 
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {

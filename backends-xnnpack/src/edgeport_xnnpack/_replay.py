@@ -105,6 +105,24 @@ class SegmentBinding:
             raise ValueError(f"unsupported format {fmt!r}")
         self.expected.append((k, tuple(dims), k >= len(self.segment.io[0])))
 
+    def bound_calls(self, arrays: Sequence[np.ndarray]) -> list[Thunk] | None:
+        """What a call with these very arrays runs, as calls of no arguments (the checks of ``expect`` first), when
+        the segment is bound to them and needs nothing around its kernels (no copy plan, no OpenBLAS limit);
+        else ``None``. For a caller that knows the next calls pass the same arrays (``_direct``)."""
+        bound, segment = self._bound, self.segment
+        if bound is None or segment.copies is not None or segment.blas is not None or \
+                len(arrays) != len(bound[0]) or not all(map(is_, arrays, bound[0])):
+            return None
+        return ([partial(self.check, arrays)] if self.expected else []) + bound[1]
+
+    def check(self, arrays: Sequence[np.ndarray]) -> None:
+        """Raise ``ValueError`` unless the arrays ``expect`` names are what it expects."""
+        for k, dims, output in self.expected:
+            a = arrays[k]
+            if type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims or \
+                    not a.flags.c_contiguous or (output and not a.flags.writeable):
+                raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
+
     def run(self, arrays: Sequence[np.ndarray]) -> None:
         for k, dims, output in self.expected:
             a = arrays[k]
