@@ -124,11 +124,7 @@ class SegmentBinding:
                 raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
 
     def run(self, arrays: Sequence[np.ndarray]) -> None:
-        for k, dims, output in self.expected:
-            a = arrays[k]
-            if type(a) is not np.ndarray or a.dtype is not _F32 and a.dtype != _F32 or a.shape != dims or \
-                    not a.flags.c_contiguous or (output and not a.flags.writeable):
-                raise ValueError(f"value {self.vids[k]}: expected a C-contiguous float32 array of shape {list(dims)}")
+        self.check(arrays)
         segment = self.segment
         copies = segment.copies
         if copies is not None and copies.run(arrays):
