@@ -61,12 +61,18 @@ def test_same_arrays_run_the_flat_list_and_give_fresh_calls_bits(executor_handle
     assert flat is not None and len(flat) > len(h.steps)  # host segments spliced in as their calls
 
 
-def test_the_list_is_released_by_other_arrays_and_by_destroy(executor_handle):
-    ex, h, c = executor_handle
+def _called_three_times(ex, h) -> tuple[np.ndarray, list[np.ndarray]]:
+    """An input and out arrays passed to three calls in a row (the flat list made at the second, run at the third)."""
     x = np.ones((1, S, D), np.float32)
     outs = [np.empty((S, 1, D), np.float32), np.empty((1, S, S), np.float32)]
     for _ in range(3):
         ex.execute(h, [x], out=outs)
+    return x, outs
+
+
+def test_the_list_is_released_by_other_arrays_and_by_destroy(executor_handle):
+    ex, h, c = executor_handle
+    x, outs = _called_three_times(ex, h)
     refs = [weakref.ref(a) for a in (x, *outs)]
     del x, outs
     gc.collect()
@@ -80,10 +86,7 @@ def test_the_list_is_released_by_other_arrays_and_by_destroy(executor_handle):
 
 def test_arrays_changed_in_place_go_to_the_general_path(executor_handle):
     ex, h, c = executor_handle
-    x = np.ones((1, S, D), np.float32)
-    outs = [np.empty((S, 1, D), np.float32), np.empty((1, S, S), np.float32)]
-    for _ in range(3):
-        ex.execute(h, [x], out=outs)
+    x, outs = _called_three_times(ex, h)
     assert _flat_of(h) is not None
     outs[1].flags.writeable = False  # a host segment's output (the scores)
     with pytest.raises(RuntimeExecutionError):

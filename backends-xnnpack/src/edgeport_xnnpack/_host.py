@@ -20,9 +20,9 @@ import numpy as np
 from edgeport_xnnpack._blas import blas_threads
 from edgeport_xnnpack._copies import plan_copies
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
-from edgeport_xnnpack._host_gelu import _erf, _gelu, gelu_calls
+from edgeport_xnnpack._host_gelu import gelu, gelu_calls
 from edgeport_xnnpack._host_place import fused_scales
-from edgeport_xnnpack._replay import bind_view_copy, is_view_of
+from edgeport_xnnpack._replay import TRANSPOSE_KERNEL_MIN, bind_view_copy, is_view_of
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_mean
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
@@ -56,7 +56,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "XNNSin": np.sin,
     "XNNCos": np.cos,
     "XNNReciprocalSquareRoot": lambda x: 1.0 / np.sqrt(x),
-    "XNNGelu": _gelu,
+    "XNNGelu": gelu,
     "XNNCopy": lambda x: x,
 }
 
@@ -293,12 +293,12 @@ def _binary(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
 
 def _transposed_into(a: np.ndarray, scale: np.ndarray | None, out: np.ndarray) -> bool:
     """``out[...] = a (* scale)`` on the C kernel when ``a`` is the last-two-axes transpose of a C-contiguous
-    float32 array of 4096 elements or more (a transposed key cache times the attention scale): numpy's strided
-    copy takes ~2x the kernel's time there (64k floats), below that the call's fixed cost eats the gain.
-    One IEEE single multiply per element either way, so the bits are numpy's. ``False``: nothing done (any other
-    layout, dtype or size; ``a`` and ``out`` overlap; no kernel)."""
-    if a.size < 4096 or a.ndim < 2 or a.flags.c_contiguous or a.dtype != np.float32 or out.dtype != np.float32 or \
-            a.size != out.size or not out.flags.c_contiguous:  # the cheapest refusals first
+    float32 array of ``TRANSPOSE_KERNEL_MIN`` (4096) elements or more (a transposed key cache times the attention
+    scale): numpy's strided copy takes ~2x the kernel's time there (64k floats), below that the call's fixed cost
+    eats the gain. One IEEE single multiply per element either way, so the bits are numpy's. ``False``: nothing
+    done (any other layout, dtype or size; ``a`` and ``out`` overlap; no kernel)."""
+    if a.size < TRANSPOSE_KERNEL_MIN or a.ndim < 2 or a.flags.c_contiguous or a.dtype != np.float32 or \
+            out.dtype != np.float32 or a.size != out.size or not out.flags.c_contiguous:  # the cheapest refusals first
         return False
     transpose = getattr(_kernels, "transpose_scale", None)
     if transpose is None:

@@ -15,10 +15,10 @@ try:  # optional, built with the C glue when a compiler is present
 except ImportError:  # pragma: no cover - no compiler at install time
     _kernels = None
 
-__all__ = ["gelu_calls"]
+__all__ = ["erf", "gelu", "gelu_calls"]
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
+def erf(x: np.ndarray) -> np.ndarray:
     # Abramowitz & Stegun 7.1.26 refined with one Newton step: |error| < 1e-7 in float32
     a1, a2, a3, a4, a5, p = 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911
     s = np.sign(x)
@@ -28,11 +28,11 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return (s * y).astype(x.dtype)
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
+def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU: the vectorized C kernel (``edgeport_xnnpack._kernels``, 4.8x the numpy form's speed on
     131k floats) when it was built, else the numpy form."""
     if _kernels is None or x.dtype != np.float32:
-        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
     src = np.ascontiguousarray(x)
     out = np.empty_like(src)
     _kernels.gelu(src, out)
@@ -57,5 +57,7 @@ def gelu_calls(pool: Any) -> tuple[Callable[[Sequence[np.ndarray], np.ndarray], 
 
     def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
         x = xs[0]
-        return partial(run, x, out, *where) if x.dtype == np.float32 and x.flags.c_contiguous else partial(into, xs, out)
+        if x.dtype == np.float32 and x.flags.c_contiguous:
+            return partial(run, x, out, *where)
+        return partial(into, xs, out)
     return into, bind

@@ -24,11 +24,12 @@ import numpy as np
 if TYPE_CHECKING:
     from edgeport_xnnpack._host import HostSegment
 
-__all__ = ["SegmentBinding", "bind_program", "bind_view_copy", "is_view_of"]
+__all__ = ["TRANSPOSE_KERNEL_MIN", "SegmentBinding", "bind_program", "bind_view_copy", "is_view_of"]
 
 _F32 = np.dtype(np.float32)
-#: from this many elements a transposed copy runs on the transpose kernel (``_host._transposed_into``)
-_KERNEL_COPY = 4096
+#: from this many elements a transposed copy runs on the transpose kernel (``_host._transposed_into``); below
+#: it, numpy's copy (what a bound view copy runs)
+TRANSPOSE_KERNEL_MIN = 4096
 
 Thunk = Callable[[], Any]
 
@@ -45,7 +46,7 @@ def bind_view_copy(compute: Callable[[Sequence[np.ndarray]], np.ndarray],
     ``into`` copies them)."""
     def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Thunk:
         r = compute(xs)
-        if r.size >= _KERNEL_COPY or r.size != out.size:
+        if r.size >= TRANSPOSE_KERNEL_MIN or r.size != out.size:
             return partial(into, xs, out)
         dst = out.reshape(r.shape)
         if not (is_view_of(r, xs[0]) and is_view_of(dst, out)):
