@@ -9,7 +9,14 @@ float32 fully connected node with constant weights runs as an operator step of i
 :class:`FullyConnected` (its rows and bound buffers). The runtime's fully connected node calls the same two
 functions with the same arguments (``src/subgraph/fully-connected.c`` of that snapshot), so the outputs are the same
 bits. Several plans' runs share one operator: the C glue's operator kind keeps a shared cell saying which run set it
-up last (see ``_glue.c``); the Python path reads and writes the same cell (its mark: the run's ``id``). Torch-free.
+up last (see ``_glue.c``); the Python path reads and writes the same cell (its mark: the run's ``id``).
+
+On CPUs with AVX-512F (and the ``_gemm`` extension built), the operator is edgeport's stand-in
+``_gemm.HostFullyConnected`` (``_gemm_fc.c``), driven through the same setup / run calls: bit-identical to the
+library's (each output its bias, then one fused multiply-add per input channel in order, then the clamp), but its
+one-row path reads four filter panels at once with a prefetch, where the 2022 library streams one (a decoder's
+one-token step is these products). Its filter is packed by numpy (``_host_gemm.pack_filter``), the library then packs
+nothing. :data:`HOST_KERNEL` ``False`` keeps the library's operator (for comparisons). Torch-free.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from typing import Any
 
 import numpy as np
 
+try:
+    from edgeport_xnnpack import _gemm
+except ImportError:  # pragma: no cover - built without a C compiler
+    _gemm = None
 from edgeport_xnnpack import native  # noqa: F401  (first: it imports _native_run at its end)
 from edgeport_xnnpack import _native_run
 from edgeport_xnnpack._native_run import (
@@ -36,10 +47,12 @@ from edgeport_xnnpack._native_run import (
     _raise_status,
     library,
 )
+from edgeport_xnnpack._host_gemm import pack_filter
 from edgeport_xnnpack._operator_step import OperatorStep
 from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
 
-__all__ = ["FullyConnected", "FullyConnectedStep", "PackedFullyConnected", "available", "fc_operands"]
+__all__ = ["FullyConnected", "FullyConnectedStep", "PackedFullyConnected", "available", "fc_operands",
+           "host_kernel_available"]
 
 _FNS = ("xnn_create_fully_connected_nc_f32", "xnn_setup_fully_connected_nc_f32", "xnn_run_operator",
         "xnn_delete_operator")
@@ -49,6 +62,10 @@ _RUNNING = "this XNNPACK operator is already running (calls must not overlap)"
 #: plan float32 fully connected nodes on shared operators where the library and glue allow (``False``: inside the
 #: runtimes as before, each specialization packing its own filters; for comparisons)
 ENABLED = True
+#: run the float32 fully connected operator on ``_gemm.HostFullyConnected`` where this CPU runs it (see above)
+HOST_KERNEL = True
+_SETUP_TYPE = ctypes.CFUNCTYPE(c_int, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p)
+_RUN_TYPE = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)
 _typed: set[int] = set()
 
 
@@ -81,6 +98,11 @@ def available() -> bool:
     except XnnpackError:
         return False
     return _functions(lib) and (glue is None or hasattr(glue, "KIND_OPERATOR"))
+
+
+def host_kernel_available() -> bool:
+    """:data:`HOST_KERNEL`, the ``_gemm`` extension is built, and this CPU runs ``HostFullyConnected``."""
+    return HOST_KERNEL and _gemm is not None and hasattr(_gemm, "HostFullyConnected") and _gemm.fc_isa() == 2
 
 
 def fc_operands(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
@@ -122,11 +144,21 @@ class PackedFullyConnected:
                 raise XnnpackError(f"fully connected {what}: a C-contiguous float32 array of {size} elements needed")
         if math.isnan(lo) or math.isnan(hi) or lo >= hi:
             raise XnnpackError(f"bad output range ({lo}, {hi})")
-        h = c_void_p()
-        self.lib.check(self.lib.xnn.xnn_create_fully_connected_nc_f32(
-            k, n, k, n, filter_.ctypes.data, None if bias is None else bias.ctypes.data, lo, hi, flags,
-            ctypes.byref(h)), "xnn_create_fully_connected_nc_f32")
-        self.handle: int | None = h.value
+        self.host: Any = None  # the _gemm.HostFullyConnected, when that runs the node
+        if host_kernel_available():
+            w, b = pack_filter(filter_, bias, k, n, bool(flags & _TRANSPOSE_WEIGHTS))
+            pool = self.lib.pool
+            self.host = _gemm.HostFullyConnected(w, b, k, n, lo, hi, _fn_address(pool.pthreadpool_parallelize_1d),
+                                                 _fn_address(pool.pthreadpool_get_threads_count))
+            self.handle: int | None = self.host.handle
+            self.setup_fn, self.run_fn = _SETUP_TYPE(_gemm.FC_SETUP), _RUN_TYPE(_gemm.FC_RUN)
+        else:
+            h = c_void_p()
+            self.lib.check(self.lib.xnn.xnn_create_fully_connected_nc_f32(
+                k, n, k, n, filter_.ctypes.data, None if bias is None else bias.ctypes.data, lo, hi, flags,
+                ctypes.byref(h)), "xnn_create_fully_connected_nc_f32")
+            self.handle = h.value
+            self.setup_fn, self.run_fn = self.lib.xnn.xnn_setup_fully_connected_nc_f32, self.lib.xnn.xnn_run_operator
         self.k, self.n = k, n
         self.cell = bytearray(16)  # which run set the operator up last (its address / id), and running (see _glue.c)
         self.busy = _Busy()
@@ -135,9 +167,9 @@ class PackedFullyConnected:
     def close(self) -> None:
         for run in list(self.runs):
             run.close()
-        if self.handle:
+        if self.handle and self.host is None:
             self.lib.xnn.xnn_delete_operator(self.handle)
-        self.handle = None
+        self.handle, self.host = None, None
 
     def __del__(self) -> None:  # pragma: no cover - safety net
         try:
@@ -158,15 +190,14 @@ class FullyConnected(_NativeObject):
             raise XnnpackError(f"fully connected batch must be an int in 1..2**31-1, got {batch!r}")
         self.lib, self.packed, self.batch, self.pool = packed.lib, packed, batch, pool
         self.handle: int | None = packed.handle
-        xnn = self.lib.xnn
-        self._setup_fn, self._xnn = xnn.xnn_setup_fully_connected_nc_f32, xnn
+        self._setup_fn, self._run_fn = packed.setup_fn, packed.run_fn
         self._pool_handle = pool.handle if pool else None
         self._bindings = _Bindings(["input", "output"], [batch * packed.k * 4, batch * packed.n * 4], [False, True])
         self._setups = 0
         self._busy = packed.busy
         glue = _native_run._glue
         self.glue = None if glue is None else glue.Binding(
-            glue.KIND_OPERATOR, self.handle, _fn_address(self._setup_fn), _fn_address(xnn.xnn_run_operator),
+            glue.KIND_OPERATOR, self.handle, _fn_address(self._setup_fn), _fn_address(self._run_fn),
             [0, 1], self._bindings.nbytes, self._bindings.outputs, EXTRA_BYTES, _PAGE, _raise_status,
             self._pool_handle, batch, shared=packed.cell)
         packed.runs.add(self)
@@ -209,7 +240,7 @@ class FullyConnected(_NativeObject):
                     b.valid = True
                     cell[:8] = mark
                     self._setups += 1
-                status = self._xnn.xnn_run_operator(handle, self._pool_handle)
+                status = self._run_fn(handle, self._pool_handle)
                 if status:
                     self.lib.check(status, "xnn_run_operator")
             finally:

@@ -396,6 +396,7 @@ static PyMethodDef methods[] = {
      "bmm(a, b, out[, lo, hi[, scale]]) -> bool: out = clamp(a @ (b * scale)) for float32 views of rank >= 2 with "
      "numpy matmul's batch broadcasting into a C-contiguous out; False (nothing written) when it does not take them "
      "(see _gemm_bmm.c)"},
+    {"fc_isa", fc_isa, METH_NOARGS, "fc_isa() -> 2 when this CPU runs HostFullyConnected (AVX-512F), else 0"},
     {"packed_gemm", packed_gemm, METH_VARARGS,
      "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},
     {NULL, NULL, 0, NULL},
@@ -405,4 +406,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "edgeport_xnnpack._ge
                                     "float32 fully-connected layers on the host BLAS, tiled on a pthreadpool", -1,
                                     methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__gemm(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__gemm(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && add_host_fc(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
