@@ -19,6 +19,11 @@
 #include <stddef.h>
 #include <structmember.h>
 
+/* how far ahead (in floats) the one-row path prefetches each panel's stream */
+#ifndef FC_PREFETCH
+#define FC_PREFETCH 256
+#endif
+
 typedef size_t (*threads_fn)(void *);
 
 struct host_fc {
@@ -50,10 +55,10 @@ __attribute__((target("avx512f"))) static void fc_row(const struct host_fc *f, c
         __m512 a2 = _mm512_loadu_ps(f->bias + p * 16 + 32), a3 = _mm512_loadu_ps(f->bias + p * 16 + 48);
         for (Py_ssize_t i = 0; i < k; i++) {
             const __m512 v = _mm512_set1_ps(x[i]);
-            _mm_prefetch((const char *)(w0 + 256), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w1 + 256), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w2 + 256), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w3 + 256), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w0 + FC_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w1 + FC_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w2 + FC_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w3 + FC_PREFETCH), _MM_HINT_T0);
             a0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(w0), a0);
             a1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(w1), a1);
             a2 = _mm512_fmadd_ps(v, _mm512_loadu_ps(w2), a2);
@@ -83,16 +88,42 @@ __attribute__((target("avx512f"))) static void fc_row(const struct host_fc *f, c
     }
 }
 
-/* rows r0..r0+6 (a short last block repeats its last row; only real rows are stored) against panels p, p + 1 (when
-   `two`) */
-__attribute__((target("avx512f"))) static void fc_7x32(const struct host_fc *f, Py_ssize_t r0, Py_ssize_t p,
-                                                        int two) {
+/* the 7 row pointers of the block at r0 (a short last block repeats its last row; only real rows are stored) */
+#define FC_ROWS(a, f, r0)                                                                                   \
+    const float *a[7];                                                                                      \
+    for (int r = 0; r < 7; r++)                                                                             \
+        a[r] = (f)->in + ((r0) + r < (f)->m ? (r0) + r : (f)->m - 1) * (f)->k;
+
+/* rows r0..r0+6 against panel p alone (the last of an odd count) */
+__attribute__((target("avx512f"))) static void fc_7x16(const struct host_fc *f, Py_ssize_t r0, Py_ssize_t p) {
+    FC_ROWS(a, f, r0)
+    const float *w = f->w + p * f->k * 16;
+    __m512 b = _mm512_loadu_ps(f->bias + p * 16);
+    __m512 c0 = b, c1 = b, c2 = b, c3 = b, c4 = b, c5 = b, c6 = b;
+    for (Py_ssize_t i = 0; i < f->k; i++) {
+        __m512 x = _mm512_loadu_ps(w + i * 16);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0][i]), x, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1][i]), x, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2][i]), x, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3][i]), x, c3);
+        c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4][i]), x, c4);
+        c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5][i]), x, c5);
+        c6 = _mm512_fmadd_ps(_mm512_set1_ps(a[6][i]), x, c6);
+    }
+    __m512 acc[7] = {c0, c1, c2, c3, c4, c5, c6};
+    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi);
+    Py_ssize_t c = p * 16, cols = f->n - c < 16 ? f->n - c : 16;
+    __mmask16 mask = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
+    for (Py_ssize_t r = 0; r < 7 && r0 + r < f->m; r++)
+        _mm512_mask_storeu_ps(f->out + (r0 + r) * f->n + c, mask, _mm512_min_ps(_mm512_max_ps(acc[r], lo), hi));
+}
+
+/* rows r0..r0+6 against panels p and p + 1 */
+__attribute__((target("avx512f"))) static void fc_7x32(const struct host_fc *f, Py_ssize_t r0, Py_ssize_t p) {
     const Py_ssize_t k = f->k;
-    const float *a[7];
-    for (int r = 0; r < 7; r++)
-        a[r] = f->in + (r0 + r < f->m ? r0 + r : f->m - 1) * k;
-    const float *w0 = f->w + p * k * 16, *w1 = two ? w0 + k * 16 : w0;
-    __m512 b0 = _mm512_loadu_ps(f->bias + p * 16), b1 = two ? _mm512_loadu_ps(f->bias + p * 16 + 16) : b0;
+    FC_ROWS(a, f, r0)
+    const float *w0 = f->w + p * k * 16, *w1 = w0 + k * 16;
+    __m512 b0 = _mm512_loadu_ps(f->bias + p * 16), b1 = _mm512_loadu_ps(f->bias + p * 16 + 16);
     __m512 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1, c30 = b0, c31 = b1, c40 = b0, c41 = b1,
            c50 = b0, c51 = b1, c60 = b0, c61 = b1;
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -122,8 +153,6 @@ __attribute__((target("avx512f"))) static void fc_7x32(const struct host_fc *f, 
     __m512 acc[7][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}};
     const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi);
     Py_ssize_t c0 = p * 16, cols = f->n - c0 < 32 ? f->n - c0 : 32;
-    if (!two && cols > 16)
-        cols = 16;
     __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
     __mmask16 m1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols > 16 ? (1u << (cols - 16)) - 1u : 0u);
     for (Py_ssize_t r = 0; r < 7 && r0 + r < f->m; r++) {
@@ -147,7 +176,10 @@ static void fc_item(void *ctx, size_t index) {
     }
     for (Py_ssize_t p = p0; p < p1; p += 2)
         for (Py_ssize_t r = r0; r < r1; r += 7)
-            fc_7x32(f, r, p, p + 1 < p1);
+            if (p + 1 < p1)
+                fc_7x32(f, r, p);
+            else
+                fc_7x16(f, r, p);
 }
 #endif
 

@@ -123,3 +123,32 @@ def test_prepare_of_a_method_without_state():
     method.prepare(np.zeros((2, 5), np.float32))  # a lone array is the one input
     np.testing.assert_allclose(method.execute([x.numpy()])[0], (x * 3 + 1).numpy(), rtol=1e-6)
     assert method.profile.runs == 1
+
+
+def test_prepare_ends_with_a_full_garbage_collection(pte):
+    """The collector's first full pass over what loading created happens in ``prepare``, not in the next call:
+    a generation-2 collection runs during it, after the prepared run (the garbage it left is gone)."""
+    import gc
+    import weakref
+
+    method = Runtime.get().load_program(pte).load_method("forward")
+
+    class Cycle:  # garbage only a full collection frees: a reference cycle made before the prepared run
+        pass
+
+    cycle = Cycle()
+    cycle.me = cycle  # type: ignore[attr-defined]
+    gone = weakref.ref(cycle)
+    del cycle
+    full: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(info["collected"])
+
+    gc.callbacks.append(seen)
+    try:
+        method.prepare(EXAMPLE)
+    finally:
+        gc.callbacks.remove(seen)
+    assert full and gone() is None

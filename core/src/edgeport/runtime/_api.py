@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import mmap as _mmap
 import os
 import threading
@@ -167,10 +168,15 @@ class Method:
         this moves that work out of, say, the first decode step of a generation into load time.
 
         The method's state (mutable buffers such as a KV cache) is untouched, and ``profile.runs`` does not count
-        the run, nor does an ETDump record it. Raises like :meth:`execute` for inputs the method cannot take."""
+        the run, nor does an ETDump record it. Raises like :meth:`execute` for inputs the method cannot take.
+
+        It ends with a full garbage collection (``gc.collect()``): loading leaves tens of thousands of new objects,
+        and the collector's first full pass over them (15-25 ms for a decoder on a busy host) would otherwise fall
+        into a later call -- in a generation, the first decode step."""
         if isinstance(example_inputs, np.ndarray) or not isinstance(example_inputs, (list, tuple)):
             example_inputs = [example_inputs]
         self._runner.prepare(example_inputs)
+        gc.collect()
 
     def release(self) -> None:
         """Destroy delegate handles now (also happens when the method is garbage collected)."""
