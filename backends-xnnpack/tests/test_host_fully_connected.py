@@ -92,9 +92,9 @@ def test_non_finite_values_as_the_library(m, monkeypatch):
 
 
 def test_bad_construction_is_refused():
-    w, b = np.zeros(2 * 16 * 3, np.float32), np.zeros(32, np.float32)
+    w, b = np.zeros(3 * 20, np.float32), np.zeros(20, np.float32)  # k = 3 inputs, n = 20 outputs
     with pytest.raises(ValueError, match="holds .* items"):
-        _gemm.HostFullyConnected(w[:-1], b, 3, 20, -1.0, 1.0)  # [2 panels][3][16] needed
+        _gemm.HostFullyConnected(w[:-1], b, 3, 20, -1.0, 1.0)
     with pytest.raises(ValueError, match="holds .* items"):
         _gemm.HostFullyConnected(w, b[:16], 3, 20, -1.0, 1.0)
     with pytest.raises(TypeError, match="format 'f'"):
@@ -104,8 +104,10 @@ def test_bad_construction_is_refused():
     with pytest.raises(ValueError, match="output range"):
         _gemm.HostFullyConnected(w, b, 3, 20, 1.0, -1.0)
     with pytest.raises(ValueError, match="both pool function addresses"):
-        _gemm.HostFullyConnected(w, b, 3, 20, -1.0, 1.0, 1234, 0)
-    op = _gemm.HostFullyConnected(w, b, 3, 20, -1.0, 1.0)
+        _gemm.HostFullyConnected(w, b, 3, 20, -1.0, 1.0, False, 1234, 0)
+    with pytest.raises(RuntimeError, match="not initialized"):
+        _gemm.HostFullyConnected.__new__(_gemm.HostFullyConnected).handle
+    op = _gemm.HostFullyConnected(w, None, 3, 20, -1.0, 1.0)
     with pytest.raises(RuntimeError, match="already initialized"):
         op.__init__(w, b, 3, 20, -1.0, 1.0)
     setup = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,

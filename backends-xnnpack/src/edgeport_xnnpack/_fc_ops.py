@@ -15,8 +15,7 @@ On CPUs with AVX-512F (and the ``_gemm`` extension built), the operator is edgep
 ``_gemm.HostFullyConnected`` (``_gemm_fc.c``), driven through the same setup / run calls: bit-identical to the
 library's (each output its bias, then one fused multiply-add per input channel in order, then the clamp), but its
 one-row path reads four filter panels at once with a prefetch, where the 2022 library streams one (a decoder's
-one-token step is these products). Its filter is packed by numpy (``_host_gemm.pack_filter``), the library then packs
-nothing. :data:`HOST_KERNEL` ``False`` keeps the library's operator (for comparisons). Torch-free.
+one-token step is these products). It packs its own copy of the filter (the library then packs nothing). :data:`HOST_KERNEL` ``False`` keeps the library's operator (for comparisons). Torch-free.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ from edgeport_xnnpack._native_run import (
     _raise_status,
     library,
 )
-from edgeport_xnnpack._host_gemm import pack_filter
 from edgeport_xnnpack._operator_step import OperatorStep
 from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
 
@@ -146,9 +144,9 @@ class PackedFullyConnected:
             raise XnnpackError(f"bad output range ({lo}, {hi})")
         self.host: Any = None  # the _gemm.HostFullyConnected, when that runs the node
         if host_kernel_available():
-            w, b = pack_filter(filter_, bias, k, n, bool(flags & _TRANSPOSE_WEIGHTS))
             pool = self.lib.pool
-            self.host = _gemm.HostFullyConnected(w, b, k, n, lo, hi, _fn_address(pool.pthreadpool_parallelize_1d),
+            self.host = _gemm.HostFullyConnected(filter_, bias, k, n, lo, hi, bool(flags & _TRANSPOSE_WEIGHTS),
+                                                 _fn_address(pool.pthreadpool_parallelize_1d),
                                                  _fn_address(pool.pthreadpool_get_threads_count))
             self.handle: int | None = self.host.handle
             self.setup_fn, self.run_fn = _SETUP_TYPE(_gemm.FC_SETUP), _RUN_TYPE(_gemm.FC_RUN)

@@ -9,15 +9,15 @@
  *
  * Each output is accumulated as libXNNPACK does -- its bias, then one fused multiply-add per input channel in order
  * -- then clamped (max with lo, min with hi), so the results are bit-identical to the library's for any batch.
- * The filter is packed once as [ceil(n/16)][k][16] floats, zero-padded, the bias as ceil(n/16)*16 (the same layout
- * as packed_gemm). Batch 1: four panels in flight; more rows: 7 rows x 32 outputs (two panels) per micro-kernel
+ * The object packs its own copy of the filter once, as [ceil(n/16)][k][16] floats (zero-padded, 64-byte aligned;
+ * the layout of packed_gemm and of the library's 1x16 / 7x16 kernels), and the bias as ceil(n/16)*16. Batch 1: four panels in flight; more rows: 7 rows x 32 outputs (two panels) per micro-kernel
  * call, like the newer library's 7x32 (14 accumulators). Work is split by output panels on the executor's
  * pthreadpool (and by rows when there are few panels and many rows).
  */
 #include "_gemm_common.h"
 #include <math.h>
 #include <stddef.h>
-#include <structmember.h>
+#include <stdlib.h>
 
 /* how far ahead (in floats) the one-row path prefetches each panel's stream */
 #ifndef FC_PREFETCH
@@ -237,36 +237,62 @@ static int fc_run(void *op, void *pool) {
 typedef struct {
     PyObject_HEAD
     struct host_fc fc;
-    Py_buffer w, bias;
-    int held;
+    float *packed; /* 64-byte aligned: the filter panels, then the bias */
 } HostFC;
 
 static void hostfc_dealloc(HostFC *self) {
-    if (self->held) {
-        PyBuffer_Release(&self->w);
-        PyBuffer_Release(&self->bias);
-    }
+    free(self->packed);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* the filter ([n][k] floats, or [k][n] when `transposed`) as [panels][k][16] and the bias (or zeros) as
+   [panels * 16], zero-padded */
+static void fc_pack(float *w, float *bias, const float *filter, const float *b, Py_ssize_t k, Py_ssize_t n,
+                    Py_ssize_t panels, int transposed) {
+    memset(bias, 0, (size_t)(panels * 16) * sizeof(float));
+    if (b)
+        memcpy(bias, b, (size_t)n * sizeof(float));
+    for (Py_ssize_t p = 0; p < panels; p++) {
+        float *dst = w + p * k * 16;
+        Py_ssize_t cols = n - p * 16 < 16 ? n - p * 16 : 16;
+        if (cols < 16)
+            memset(dst, 0, (size_t)(k * 16) * sizeof(float));
+        if (transposed) {
+            for (Py_ssize_t i = 0; i < k; i++)
+                memcpy(dst + i * 16, filter + i * n + p * 16, (size_t)cols * sizeof(float));
+        } else { /* 16 x 16 blocks: 16 rows' 64-byte pieces in, one 1 KiB piece of the panel out */
+            for (Py_ssize_t i0 = 0; i0 < k; i0 += 16) {
+                Py_ssize_t depth = k - i0 < 16 ? k - i0 : 16;
+                for (Py_ssize_t j = 0; j < cols; j++) {
+                    const float *row = filter + (p * 16 + j) * k + i0;
+                    for (Py_ssize_t i = 0; i < depth; i++)
+                        dst[(i0 + i) * 16 + j] = row[i];
+                }
+            }
+        }
+    }
+}
+
 static int hostfc_init(HostFC *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"packed_w", "packed_bias", "k", "n", "lo", "hi", "parallelize", "threads_count", NULL};
+    static char *names[] = {"filter", "bias", "k", "n", "lo", "hi", "transposed", "parallelize", "threads_count",
+                            NULL};
     PyObject *w_obj, *bias_obj;
     Py_ssize_t k, n;
     double lo, hi;
+    int transposed = 0;
     unsigned long long parallelize = 0, threads_count = 0;
-    if (self->held) {
+    if (self->packed) {
         PyErr_SetString(PyExc_RuntimeError, "HostFullyConnected is already initialized");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOnndd|KK:HostFullyConnected", names, &w_obj, &bias_obj, &k, &n,
-                                     &lo, &hi, &parallelize, &threads_count))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOnndd|pKK:HostFullyConnected", names, &w_obj, &bias_obj, &k, &n,
+                                     &lo, &hi, &transposed, &parallelize, &threads_count))
         return -1;
     if (fc_isa_level() < 2) {
         PyErr_SetString(PyExc_RuntimeError, "HostFullyConnected: this CPU lacks AVX-512F");
         return -1;
     }
-    if (k < 1 || n < 1 || n > PY_SSIZE_T_MAX / 32 / k) {
+    if (k < 1 || n < 1 || n > PY_SSIZE_T_MAX / 64 / k) {
         PyErr_Format(PyExc_ValueError, "HostFullyConnected: bad sizes k=%zd n=%zd", k, n);
         return -1;
     }
@@ -279,14 +305,31 @@ static int hostfc_init(HostFC *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     Py_ssize_t panels = (n + 15) / 16;
-    if (typed_buffer(w_obj, &self->w, 0, panels * k * 16, "f", 4, "packed filter") < 0)
+    Py_buffer w, b;
+    if (typed_buffer(w_obj, &w, 0, k * n, "f", 4, "filter") < 0)
         return -1;
-    if (typed_buffer(bias_obj, &self->bias, 0, panels * 16, "f", 4, "packed bias") < 0) {
-        PyBuffer_Release(&self->w);
+    int has_bias = bias_obj != Py_None;
+    if (has_bias && typed_buffer(bias_obj, &b, 0, n, "f", 4, "bias") < 0) {
+        PyBuffer_Release(&w);
         return -1;
     }
-    self->held = 1;
-    struct host_fc f = {self->w.buf, self->bias.buf, k, n, panels, (float)lo, (float)hi,
+    size_t floats = (size_t)(panels * k * 16 + panels * 16);
+    float *packed = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    if (!packed) {
+        PyBuffer_Release(&w);
+        if (has_bias)
+            PyBuffer_Release(&b);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    fc_pack(packed, packed + panels * k * 16, w.buf, has_bias ? b.buf : NULL, k, n, panels, transposed);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&w);
+    if (has_bias)
+        PyBuffer_Release(&b);
+    self->packed = packed;
+    struct host_fc f = {packed, packed + panels * k * 16, k, n, panels, (float)lo, (float)hi,
                         (parallelize_fn)(uintptr_t)parallelize, (threads_fn)(uintptr_t)threads_count,
                         0, NULL, NULL, 1, 1, 1};
     self->fc = f;
@@ -294,7 +337,7 @@ static int hostfc_init(HostFC *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *hostfc_handle(HostFC *self, void *Py_UNUSED(closure)) {
-    if (!self->held) {
+    if (!self->packed) {
         PyErr_SetString(PyExc_RuntimeError, "HostFullyConnected is not initialized");
         return NULL;
     }
@@ -310,9 +353,9 @@ static PyTypeObject HostFCType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "edgeport_xnnpack._gemm.HostFullyConnected",
     .tp_basicsize = sizeof(HostFC),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "HostFullyConnected(packed_w, packed_bias, k, n, lo, hi[, parallelize, threads_count]): a float32 "
-              "fully connected operator on a filter packed as [ceil(n/16)][k][16] (see _gemm_fc.c); FC_SETUP and "
-              "FC_RUN take its handle. It holds the packed buffers (exported) for its life.",
+    .tp_doc = "HostFullyConnected(filter, bias, k, n, lo, hi[, transposed, parallelize, threads_count]): a float32 "
+              "fully connected operator; filter: [n][k] floats ([k][n] when transposed), bias: n floats or None. "
+              "It packs its own copy ([ceil(n/16)][k][16], see _gemm_fc.c); FC_SETUP and FC_RUN take its handle.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)hostfc_init,
     .tp_dealloc = (destructor)hostfc_dealloc,
