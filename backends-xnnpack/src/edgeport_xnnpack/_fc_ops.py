@@ -15,7 +15,8 @@ On CPUs with AVX-512F (and the ``_gemm`` extension built), the operator is edgep
 ``_gemm.HostFullyConnected`` (``_gemm_fc.c``), driven through the same setup / run calls: bit-identical to the
 library's (each output its bias, then one fused multiply-add per input channel in order, then the clamp), but its
 one-row path reads four filter panels at once with a prefetch, where the 2022 library streams one (a decoder's
-one-token step is these products). It packs its own copy of the filter (the library then packs nothing). :data:`HOST_KERNEL` ``False`` keeps the library's operator (for comparisons). Torch-free.
+one-token step is these products). It packs its own copy of the filter (the library then packs nothing).
+:data:`HOST_KERNEL` ``False`` keeps the library's operator (for comparisons). Torch-free.
 """
 
 from __future__ import annotations

@@ -5,14 +5,15 @@
  * they call xnn_setup_fully_connected_nc_f32 / xnn_run_operator. Why: a decoder's one-token step is a chain of
  * matrix-vector products that stream every filter from memory once; Debian's 2022 libXNNPACK runs them with its 1x16
  * micro-kernel, one 16-output panel at a time (~12 GiB/s on this kind of host), where reading four panels at once
- * with a software prefetch streams ~15% faster (bench/REPORT.md, "LLM generation").
+ * with a software prefetch streams 10-30% faster (bench/REPORT.md, "LLM generation").
  *
  * Each output is accumulated as libXNNPACK does -- its bias, then one fused multiply-add per input channel in order
  * -- then clamped (max with lo, min with hi), so the results are bit-identical to the library's for any batch.
  * The object packs its own copy of the filter once, as [ceil(n/16)][k][16] floats (zero-padded, 64-byte aligned;
- * the layout of packed_gemm and of the library's 1x16 / 7x16 kernels), and the bias as ceil(n/16)*16. Batch 1: four panels in flight; more rows: 7 rows x 32 outputs (two panels) per micro-kernel
- * call, like the newer library's 7x32 (14 accumulators). Work is split by output panels on the executor's
- * pthreadpool (and by rows when there are few panels and many rows).
+ * the layout of packed_gemm and of the library's 1x16 / 7x16 kernels), and the bias as ceil(n/16)*16. Batch 1:
+ * four panels in flight; more rows: 7 rows x 32 outputs (two panels) per micro-kernel call, like the newer
+ * library's 7x32 (14 accumulators), and 7 x 16 for a lone last panel. Work is split by output panels on the
+ * executor's pthreadpool (and by rows when there are few panels and many rows).
  */
 #include "_gemm_common.h"
 #include <math.h>
