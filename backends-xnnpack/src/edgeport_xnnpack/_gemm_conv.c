@@ -174,8 +174,9 @@ static void conv_item(void *ctx, size_t index) {
 }
 #endif
 
-/* 2: AVX-512 (7x32), 1: AVX2 + FMA (6x16), 0: neither (or not built for this architecture) */
-static int isa_level(void) {
+/* 2: AVX-512 (7x32; also HostFullyConnected's level), 1: AVX2 + FMA (6x16), 0: neither (or not built for this
+   architecture) */
+int gemm_isa_level(void) {
 #ifdef CONV_GEMM
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f"))
@@ -186,7 +187,7 @@ static int isa_level(void) {
     return 0;
 }
 
-PyObject *conv_isa(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) { return PyLong_FromLong(isa_level()); }
+PyObject *conv_isa(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) { return PyLong_FromLong(gemm_isa_level()); }
 
 PyObject *conv_packed(PyObject *Py_UNUSED(module), PyObject *args) {
     unsigned long long parallelize, pool;
@@ -201,9 +202,9 @@ PyObject *conv_packed(PyObject *Py_UNUSED(module), PyObject *args) {
     PyErr_SetString(PyExc_RuntimeError, "conv_packed: not built for this CPU architecture");
     return NULL;
 #else
-    if (level < 1 || level > isa_level()) {
+    if (level < 1 || level > gemm_isa_level()) {
         PyErr_Format(PyExc_RuntimeError, "conv_packed: kernel level %d is not available on this CPU (it runs %d)",
-                     level, isa_level());
+                     level, gemm_isa_level());
         return NULL;
     }
     Py_ssize_t mr = level == 2 ? 7 : 6, nr = level == 2 ? 32 : 16;

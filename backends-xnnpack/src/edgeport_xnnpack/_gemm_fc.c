@@ -184,15 +184,6 @@ static void fc_item(void *ctx, size_t index) {
 }
 #endif
 
-static int fc_isa_level(void) {
-#ifdef FC_AVX512
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") ? 2 : 0;
-#else
-    return 0;
-#endif
-}
-
 /* xnn_status values the glue reports: 0 success, 2 invalid parameter */
 static int fc_setup(void *op, size_t batch, const void *input, void *output, void *pool) {
     struct host_fc *f = op;
@@ -289,7 +280,7 @@ static int hostfc_init(HostFC *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOnndd|pKK:HostFullyConnected", names, &w_obj, &bias_obj, &k, &n,
                                      &lo, &hi, &transposed, &parallelize, &threads_count))
         return -1;
-    if (fc_isa_level() < 2) {
+    if (gemm_isa_level() < 2) {
         PyErr_SetString(PyExc_RuntimeError, "HostFullyConnected: this CPU lacks AVX-512F");
         return -1;
     }
@@ -363,7 +354,9 @@ static PyTypeObject HostFCType = {
     .tp_getset = hostfc_getset,
 };
 
-PyObject *fc_isa(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) { return PyLong_FromLong(fc_isa_level()); }
+PyObject *fc_isa(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args)) {
+    return PyLong_FromLong(gemm_isa_level() == 2 ? 2 : 0);
+}
 
 int add_host_fc(PyObject *module) {
     if (PyType_Ready(&HostFCType) < 0)
