@@ -1,7 +1,7 @@
 """What makes an LLM's first decode call (a specialization of every delegate) cheaper, each against the path
 without it: copy-run tables kept by segment structure and dims (``_copies``), layouts shared by delegates of one
 structure (``_plan.structure_token`` / ``known_layout``), shape rules read once per node (``_infer.node_rules``),
-and the executor's buffers carved out of one allocation (``_planner.padded_buffers``). Outputs are compared bit
+and the executor's buffers sharing one arena by lifetime (``_arena.arena_buffers``). Outputs are compared bit
 for bit with the same program planned with every such cache emptied and every shortcut off, and with numpy /
 eager PyTorch; cases where a cache must not be reused (other dims, other parameters, another structure) are
 checked to plan afresh."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from xnn_helpers import DECODER_CASES, eager_greedy_tokens, forget_planning, greedy_decode, small_decoder
 
-from edgeport_xnnpack import _copies, _host, _infer, _plan, _planner, _specialize, native
+from edgeport_xnnpack import _arena, _copies, _host, _infer, _plan, _planner, _specialize, native
 from edgeport_xnnpack._native_run import _near_page_end
 from edgeport_xnnpack.schema.graph import XNode
 
@@ -159,23 +159,46 @@ def test_infer_dims_with_rules_matches_and_fails_the_same_way():
 
 # -- the executor's buffers ---------------------------------------------------------------------------------------
 
-def test_padded_buffers_keep_padded_empty_s_guarantees():
+def test_arena_buffers_keep_padded_empty_s_guarantees_and_share_only_across_lifetimes():
     rng = np.random.default_rng(0)
-    specs = [(tuple(int(d) for d in rng.integers(1, 40, size=rng.integers(1, 4))), dt)
-             for dt in (np.float32, np.int8, np.float32, np.int32) for _ in range(30)]
-    specs += [((0,), np.float32), ((1021,), np.float32), ((1,), np.int8)]
-    out = _planner.padded_buffers(specs)
-    spans = []
-    for (shape, dt), a in zip(specs, out, strict=True):
+    dts = (np.float32, np.int8, np.float32, np.int32)
+    specs = {i: (tuple(int(d) for d in rng.integers(1, 40, size=rng.integers(1, 4))), dts[i % 4]) for i in range(120)}
+    specs.update({120: ((0,), np.float32), 121: ((1021,), np.float32), 122: ((1,), np.int8), 123: ((5000,), np.float32)})
+    lifetimes = {v: tuple(sorted(int(t) for t in rng.integers(0, 30, size=2))) for v in specs}
+    out = _arena.arena_buffers(specs, lifetimes)
+    assert set(out) == set(specs)
+    placed = []
+    for v, (shape, dt) in specs.items():
+        a = out[v]
         assert a.shape == shape and a.dtype == dt and a.flags.c_contiguous and a.flags.writeable
         start = a.ctypes.data
         if a.nbytes:  # (an empty array's address is numpy's choice, as with padded_empty)
             assert start % 64 == 0 and not _near_page_end(start + a.nbytes)
-            spans.append((start, start + a.nbytes + native.EXTRA_BYTES))  # its own padding included
-    spans.sort()
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # nothing shared, padding included
-    for a in out:
-        a[...] = 1  # writable to the last byte (none overlaps another: checked above)
+            placed.append((start, start + a.nbytes + native.EXTRA_BYTES, *lifetimes[v]))  # its padding included
+    for i, (s0, e0, f0, l0) in enumerate(placed):
+        for s1, e1, f1, l1 in placed[i + 1:]:
+            if f0 <= l1 and f1 <= l0:  # both live at some step: no byte in common
+                assert e0 <= s1 or e1 <= s0
+    # each value written with a distinct pattern in lifetime order reads back intact until its last step
+    for step in range(30):
+        for v in specs:
+            if lifetimes[v][0] == step:
+                out[v].reshape(-1).view(np.uint8)[...] = v % 251
+        for v in specs:
+            if lifetimes[v][0] <= step <= lifetimes[v][1]:
+                assert (out[v].reshape(-1).view(np.uint8) == v % 251).all()
+
+
+def test_arena_reuses_memory_of_values_that_are_dead():
+    # a chain: value i written by step i, read by step i + 1 -- two buffers' worth of memory, not ten
+    specs = {i: ((1000,), np.float32) for i in range(10)}
+    lifetimes = _arena.spans([([i - 1] if i else [], [i]) for i in range(10)] + [([9], [])], specs)
+    assert lifetimes == {i: (i, i + 1) for i in range(10)}
+    offsets, total = _arena.place({v: 4000 for v in specs}, lifetimes)
+    assert len(set(offsets.values())) == 2 and total < 3 * 4000
+    # a view made by a reshape step keeps the value it views alive over its own span
+    spans = _arena.spans([([], [0]), ([0], [1]), ([1], [2]), ([2], [3])], {0, 1, 2, 3}, {1: 0})
+    assert spans == {0: (0, 2), 2: (2, 3), 3: (3, 3)}
 
 
 # -- layouts shared by delegates of one structure ------------------------------------------------------------------
@@ -231,7 +254,8 @@ def _run(pte: bytes, fresh: bool, monkeypatch, stats: dict) -> list[np.ndarray]:
         if fresh:
             m.setattr(_specialize, "infer_dims", lambda nodes, declared, given, outputs=None, rules=None:
                       real_infer(nodes, declared, given))
-            m.setattr(_planner, "padded_buffers", lambda specs: [native.padded_empty(s, d) for s, d in specs])
+            m.setattr(_planner, "arena_buffers", lambda specs, lifetimes: {v: native.padded_empty(s, d)
+                                                                            for v, (s, d) in specs.items()})
         else:
             m.setattr(_planner, "known_layout", known)
         method = Runtime.get().load_program(pte).load_method(backend_options={"XnnpackBackend": {"num_threads": 1}})

@@ -168,3 +168,51 @@ def test_a_dynamic_program_on_the_stand_in_matches_the_library_operator(threads,
             ex.destroy(handle)
     for a, b in zip(outs[True], outs[False], strict=True):
         assert np.array_equal(a, b)
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expansion (ReLU6), 3x3 depthwise (ReLU6), 1x1 projection, residual; then a 1x1
+    without bias, one too small for the operator (stays in the runtime) and a strided 1x1 (stays: not a GEMM)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(24, 144, 1), nn.ReLU6())
+        self.depthwise = nn.Sequential(nn.Conv2d(144, 144, 3, padding=1, groups=144), nn.ReLU6())
+        self.project = nn.Conv2d(144, 24, 1)
+        self.plain = nn.Conv2d(24, 40, 1, bias=False)
+        self.tiny = nn.Conv2d(40, 8, 1)
+        self.strided = nn.Conv2d(8, 16, 1, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + self.project(self.depthwise(self.expand(x)))
+        return self.strided(self.tiny(self.plain(y)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_1x1_convolutions_on_the_stand_in_match_the_library(threads, monkeypatch):
+    """1x1 stride-1 convolutions of >= MIN_CONV_MACS run as operator steps on the stand-in (a static-shape
+    delegate), bit-identical to the library's runtime running them (``HOST_KERNEL = False``), close to eager."""
+    torch.manual_seed(0)
+    model = _InvertedResidual().eval()
+    x = torch.randn(1, 24, 28, 28)
+    ep = torch.export.export(model, (x,))
+    lp = load_pte(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+    outs = {}
+    for host in (True, False):
+        monkeypatch.setattr(_fc_ops, "HOST_KERNEL", host)
+        ex = XnnpackExecutor(num_threads=threads)
+        handle = ex.init(lp.delegate_data(0, 0), [], named_data=lp.named_data)
+        try:
+            steps = [s for s in handle.steps if isinstance(s, FullyConnectedStep)]
+            # expand 784x24x144, project 784x144x24, plain 784x24x40 (0.75M MACs: stays), tiny and strided stay
+            labels = sorted(s.label for s in steps)
+            assert labels == (["convolution_1x1[784x144 -> 24]", "convolution_1x1[784x24 -> 144]"] if host else [])
+            assert all(s.op.packed.host is not None for s in steps)
+            outs[host] = [np.array(ex.execute(handle, [x.numpy()])[0]) for _ in range(2)]
+        finally:
+            ex.destroy(handle)
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(outs[True][0], want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert np.array_equal(a, b)

@@ -50,8 +50,8 @@ from edgeport_xnnpack._native_run import (
 from edgeport_xnnpack._operator_step import OperatorStep
 from edgeport_xnnpack.schema.graph import FP32, TensorValue, XNode
 
-__all__ = ["FullyConnected", "FullyConnectedStep", "PackedFullyConnected", "available", "fc_operands",
-           "host_kernel_available"]
+__all__ = ["FullyConnected", "FullyConnectedStep", "PackedFullyConnected", "available", "conv_operands",
+           "fc_operands", "host_kernel_available", "operator_operands"]
 
 _FNS = ("xnn_create_fully_connected_nc_f32", "xnn_setup_fully_connected_nc_f32", "xnn_run_operator",
         "xnn_delete_operator")
@@ -63,6 +63,9 @@ _RUNNING = "this XNNPACK operator is already running (calls must not overlap)"
 ENABLED = True
 #: run the float32 fully connected operator on ``_gemm.HostFullyConnected`` where this CPU runs it (see above)
 HOST_KERNEL = True
+#: a 1x1 convolution smaller than this (multiply-adds) stays inside its XNNPACK runtime: ~0.03 ms of one AVX-512
+#: core, below which the step boundary costs more than the faster tile saves
+MIN_CONV_MACS = 1 << 20
 _SETUP_TYPE = ctypes.CFUNCTYPE(c_int, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p)
 _RUN_TYPE = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)
 _typed: set[int] = set()
@@ -125,6 +128,39 @@ def fc_operands(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[
     if k < 1 or cols < 1 or elements % k or math.prod(dims[out]) != elements // k * cols:
         return None
     return elements // k, k, cols
+
+
+def conv_operands(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
+                  const: dict[int, np.ndarray] | set[int]) -> tuple[int, int, int] | None:
+    """``(rows, k, n)`` when ``n`` is a float32 1x1 convolution (stride 1, no padding, one group, no dilation) with
+    a constant filter ``[n][1][1][k]`` (and bias) of at least :data:`MIN_CONV_MACS` multiply-adds and the host
+    operator runs here: in XNNPACK's NHWC layout the product of ``rows = N*H*W`` input rows with the filter, which
+    ``HostFullyConnected`` computes with the library's arithmetic (the library's 1x1 convolution is the same
+    ``bias + in-order fused multiply-adds, clamped`` GEMM). Else ``None``: the library's runtime keeps it."""
+    if n.kind != "XNNConv2d" or n.get("flags") or not host_kernel_available():
+        return None
+    if not all(n.get(f) == 1 for f in ("kernel_height", "kernel_width", "subsampling_height", "subsampling_width",
+                                       "dilation_height", "dilation_width", "groups")):
+        return None
+    if any(n.get(f) for f in ("padding_top", "padding_right", "padding_bottom", "padding_left")):
+        return None
+    ins, out = n.inputs(), n.outputs()[0]
+    if len(ins) not in (2, 3) or not all(v in const for v in ins[1:]):
+        return None
+    if not all(values[v].datatype == FP32 and values[v].quant is None for v in (*ins, out)):
+        return None
+    w, x, y = dims[ins[1]], dims[ins[0]], dims[out]
+    if len(w) != 4 or w[1:3] != (1, 1) or len(x) != 4 or len(y) != 4 or x[3] != w[3] or y[:3] != x[:3] or \
+            y[3] != w[0] or (len(ins) == 3 and dims[ins[2]] != (w[0],)):
+        return None
+    rows, k, cols = x[0] * x[1] * x[2], w[3], w[0]
+    return (rows, k, cols) if rows >= 1 and rows * k * cols >= MIN_CONV_MACS else None
+
+
+def operator_operands(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
+                      const: dict[int, np.ndarray] | set[int]) -> tuple[int, int, int] | None:
+    """``fc_operands`` or ``conv_operands``: the ``(rows, k, n)`` of a node the fully connected operator runs."""
+    return fc_operands(n, values, dims, const) or conv_operands(n, values, dims, const)
 
 
 class PackedFullyConnected:

@@ -21,6 +21,11 @@
 #include <stdlib.h>
 
 /* how far ahead (in floats) the one-row path prefetches each panel's stream */
+/* more rows: how many bytes of packed filter one pass of 7-row blocks keeps in cache (a chunk of panels) */
+#ifndef FC_CHUNK_BYTES
+#define FC_CHUNK_BYTES (128 * 1024)
+#endif
+
 #ifndef FC_PREFETCH
 #define FC_PREFETCH 256
 #endif
@@ -37,7 +42,7 @@ struct host_fc {
     Py_ssize_t m;
     const float *in;
     float *out;
-    Py_ssize_t col_tiles, pairs_per_tile, rows_per_tile;
+    Py_ssize_t col_tiles, pairs_per_tile, rows_per_tile, chunk_panels;
 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -175,12 +180,17 @@ static void fc_item(void *ctx, size_t index) {
         fc_row(f, f->in, f->out, p0, p1);
         return;
     }
-    for (Py_ssize_t p = p0; p < p1; p += 2)
+    /* panels in chunks whose filter stays in cache; within a chunk each 7-row block against all its panels, so a
+       block's input is read from L1 and its outputs are written row by row */
+    for (Py_ssize_t c0 = p0; c0 < p1; c0 += f->chunk_panels) {
+        Py_ssize_t c1 = c0 + f->chunk_panels < p1 ? c0 + f->chunk_panels : p1;
         for (Py_ssize_t r = r0; r < r1; r += 7)
-            if (p + 1 < p1)
-                fc_7x32(f, r, p);
-            else
-                fc_7x16(f, r, p);
+            for (Py_ssize_t p = c0; p < c1; p += 2)
+                if (p + 1 < c1)
+                    fc_7x32(f, r, p);
+                else
+                    fc_7x16(f, r, p);
+    }
 }
 #endif
 
@@ -206,7 +216,15 @@ static int fc_run(void *op, void *pool) {
     f->col_tiles = 1;
     f->pairs_per_tile = pairs;
     f->rows_per_tile = f->m;
-    if (threads > 1 && f->parallelize) {
+    /* an even number of panels (pairs for the 7x32 tile) whose filter fits FC_CHUNK_BYTES */
+    f->chunk_panels = (Py_ssize_t)(FC_CHUNK_BYTES / ((size_t)f->k * 64)) & ~(Py_ssize_t)1;
+    if (f->chunk_panels < 2)
+        f->chunk_panels = 2;
+    if (threads > 1 && f->parallelize && f->m > 1 && f->chunk_panels >= f->panels && blocks >= 4 * (Py_ssize_t)threads) {
+        /* the whole filter stays in cache: split by rows only, each thread's blocks against every panel */
+        Py_ssize_t row_tiles = 4 * (Py_ssize_t)threads;
+        f->rows_per_tile = (blocks + row_tiles - 1) / row_tiles * 7;
+    } else if (threads > 1 && f->parallelize) {
         Py_ssize_t want = 4 * (Py_ssize_t)threads;
         f->pairs_per_tile = (pairs + want - 1) / want;
         f->col_tiles = (pairs + f->pairs_per_tile - 1) / f->pairs_per_tile;

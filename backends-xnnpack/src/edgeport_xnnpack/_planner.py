@@ -5,7 +5,7 @@ operators) with the buffers that cross them; ``plan`` runs again at other dims f
 (:mod:`edgeport_xnnpack._fc_ops`); ``close_shared`` deletes them. What a plan decides from the nodes, values and
 dims alone (sides, schedule, the buffers between steps) is shared with every delegate of the same structure planned
 at the same dims (a decoder's layers: ``_plan.known_layout``); native runtimes and host kernels are built per plan.
-The executor's small buffers of one plan are carved out of one allocation (``padded_buffers``)."""
+The executor's own buffers of one plan share one allocation by lifetime (``_arena``)."""
 
 
 from __future__ import annotations
@@ -17,10 +17,19 @@ import numpy as np
 
 from edgeport.errors import ProgramError
 from edgeport_xnnpack import native
+from edgeport_xnnpack._arena import arena_buffers, spans
 from edgeport_xnnpack._constants import NP_DTYPES as _NP
 from edgeport_xnnpack._constants import NamedData, group_scales, load_constant, scales_from_buffer
 from edgeport_xnnpack._define import check_static_ids, define_node, native_kind_ok
-from edgeport_xnnpack._fc_ops import FullyConnected, FullyConnectedStep, PackedFullyConnected, fc_operands, packed_for
+from edgeport_xnnpack._fc_ops import (
+    FullyConnected,
+    FullyConnectedStep,
+    PackedFullyConnected,
+    conv_operands,
+    fc_operands,
+    operator_operands,
+    packed_for,
+)
 from edgeport_xnnpack._dynamic_quant import (
     DYNAMIC_ROWS,
     QD8,
@@ -29,7 +38,6 @@ from edgeport_xnnpack._host import HOST_KINDS, HostSegment, make_host_op
 from edgeport_xnnpack._host_gemm import holds_filter, product_op, wants_host
 from edgeport_xnnpack._host_place import absorb_scaled_transposes, absorbs_scaled_transposes
 from edgeport_xnnpack._host_qd8 import qd8_op
-from edgeport_xnnpack._native_run import _near_page_end
 from edgeport_xnnpack._plan import is_view, keep_layout, known_layout, place, schedule, shuffle_element_size, \
     structure_token
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_transpose_ok
@@ -208,12 +216,7 @@ class Planner:
         const = set(self.const)
         gemm, placed, groups, crossing, host_const = self._layout(nodes, io, inputs, outputs, const)
         buffers: dict[int, np.ndarray] = {vid: np.array(self.const[vid]) for vid in host_const}
-        own = [(v, self.dims[v], _NP[self.values[v].datatype]) for v in sorted(crossing - set(outputs) - set(buffers))]
-        small = [(v, d, dt) for v, d, dt in own if math.prod(d) * np.dtype(dt).itemsize <= _SMALL_BUFFER]
-        buffers.update(zip((v for v, _, _ in small), padded_buffers([(d, dt) for _, d, dt in small])))
-        for v, d, dt in own:  # a large one on its own, as before (its allocation's cost is small beside its size)
-            if v not in buffers:
-                buffers[v] = native.padded_empty(d, dt)
+        own = {v: (self.dims[v], _NP[self.values[v].datatype]) for v in crossing - set(outputs) - set(buffers)}
         steps: list[NativeStep | HostStep | ShuffleStep] = []
         external = set(inputs) | crossing
         try:
@@ -230,7 +233,14 @@ class Planner:
                 steps[-1].debug_handles = tuple(sorted({n.debug_handle for n in group if n.debug_handle}))
                 named = self.event_ids.get(id(group[0])) if len(group) == 1 else None
                 steps[-1].event_id = named[1] if named is not None and named[0] is group[0] else ""
-            steps = _alias_reshapes(steps, buffers, self.dims)
+            # the executor's own values share one arena by lifetime (_arena); a reshape-only host step between two
+            # of them makes the second a view of the first instead (_alias_reshapes), which the spans count
+            aliases = _reshape_aliases(steps, own.keys() | buffers.keys())
+            groups_io = [([v for j in idx for v in io[j][0]], [v for j in idx for v in io[j][1]]) for _, idx in groups]
+            arena = own.keys() - aliases.keys()  # a view of a host constant takes no arena space either
+            lifetimes = spans(groups_io, arena, {w: r for w, r in aliases.items() if _root(w, aliases) in arena})
+            buffers.update(arena_buffers({v: own[v] for v in lifetimes}, lifetimes))
+            steps = _alias_reshapes(steps, buffers, self.dims, aliases)
             for step in steps:  # the executor's own buffers are checked once, here
                 if isinstance(step, NativeStep):
                     step.runtime.pin({k: buffers[v] for k, v in zip(step.runtime.order, step.vids, strict=True)
@@ -269,8 +279,9 @@ class Planner:
         gemm = frozenset(i for i, n in enumerate(nodes)
                          if wants_host(n, self.values, self.dims, const, self.products))
         nat = [self.native_ok(n, i) and i not in gemm for i, n in enumerate(nodes)]
-        fc = frozenset(i for i, n in enumerate(nodes) if nat[i] and self.fc_operators and
-                       fc_operands(n, self.values, self.dims, const) is not None)
+        fc = frozenset(i for i, n in enumerate(nodes) if nat[i] and (
+            (self.fc_operators and fc_operands(n, self.values, self.dims, const) is not None) or
+            conv_operands(n, self.values, self.dims, const) is not None))
         placed = place(nodes, nat, self.values, self.dims, const, self.lib.operators, self.lib.operators_x8, gemm,
                        fc, io)
         absorb_scaled_transposes(nodes, placed, self.dims)  # the attention's K^T * scale read in place (_host_place)
@@ -331,7 +342,7 @@ class Planner:
 
     def _fully_connected(self, n: XNode, pool: native.ThreadPool | None) -> FullyConnectedStep:
         """The node on its packed operator: made by the first plan, set up at these dims by each (see _fc_ops)."""
-        mkn = fc_operands(n, self.values, self.dims, self.const)
+        mkn = operator_operands(n, self.values, self.dims, self.const)
         assert mkn is not None  # placed on "F" for that reason
         rows, k, cols = mkn
         out = n.outputs()[0]
@@ -343,7 +354,8 @@ class Planner:
             op = FullyConnected(packed, rows, pool)
         except (native.XnnpackError, ValueError) as exc:
             raise fail(f"{n.kind}: {exc}") from exc
-        return FullyConnectedStep(op, n.inputs()[0], out, f"fully_connected[{rows}x{k} -> {cols}]")
+        what = "convolution_1x1" if n.kind == "XNNConv2d" else "fully_connected"
+        return FullyConnectedStep(op, n.inputs()[0], out, f"{what}[{rows}x{k} -> {cols}]")
 
     def _segment(self, gi: int, nodes: list[XNode], io: list[tuple[list[int], list[int]]], external: set[int],
                  pool: native.ThreadPool | None) -> NativeStep:
@@ -416,60 +428,56 @@ class Planner:
                                                       ext, flags)
 
 
-_SMALL_BUFFER = 16 << 10  # bytes: an executor buffer up to this size is carved out of its plan's one allocation
-
-
-_DECIDERS = ("wants_host", "holds_filter", "place", "absorb_scaled_transposes", "fc_operands", "schedule", "is_view",
-             "check_native", "check_static_ids", "native_kind_ok")
+_DECIDERS = ("wants_host", "holds_filter", "place", "absorb_scaled_transposes", "fc_operands", "conv_operands",
+             "schedule", "is_view", "check_native", "check_static_ids", "native_kind_ok")
 
 
 def _environment() -> tuple:
     """What a layout's decisions read besides the delegate's structure and dims: the functions that make them and
     the module settings those read (fixed in a process unless replaced, as tests do; a layout made with others is
     not taken). The objects themselves, so the key keeps them alive and equal only to themselves."""
-    from edgeport_xnnpack import _host, _host_conv, _host_gemm, _host_qs8
+    from edgeport_xnnpack import _fc_ops, _host, _host_conv, _host_gemm, _host_qs8
     from edgeport_xnnpack import _plan as plan_module
 
     g = globals()
     return (*(g[name] for name in _DECIDERS), Planner.native_ok, Planner._as_reshape, Planner._schedule,
             _host._bmm, _host_gemm._gemm, _host_gemm.MIN_MACS, _host_gemm.MIN_FLOAT_ROWS, _host_gemm.product_dims,
             _host_gemm.gemm_dims, _host_gemm.packs_filter, _host_qs8.qs8_dims, _host_conv.conv_dims,
+            _fc_ops.HOST_KERNEL, _fc_ops.MIN_CONV_MACS,
             os.environ.get(_host_conv.ISA_ENV, ""), plan_module.is_view, plan_module.shuffle_dims,
             plan_module.valid_perm, plan_module.squeeze_perm)
 
 
-def _alias_reshapes(steps: list, buffers: dict[int, np.ndarray], dims: dict[int, tuple[int, ...]]) -> list:
-    """Drop host steps that only reshape one of the executor's buffers into another: the second becomes a view
-    of the first (same bytes, same padding), so nothing is copied per call. Values are written once, so the
-    view never sees a later write it would not have seen as a copy."""
-    kept = []
+def _root(v: int, aliases: dict[int, int]) -> int:
+    while v in aliases:
+        v = aliases[v]
+    return v
+
+
+def _reshape_aliases(steps: list, held: set[int]) -> dict[int, int]:
+    """``written -> read`` of the host steps :func:`_alias_reshapes` will drop (both values in ``held``)."""
+    out = {}
     for step in steps:
         if isinstance(step, HostStep) and step.segment.reshape_only:
             (reads, writes) = step.segment.io
-            if len(reads) == 1 and len(writes) == 1 and reads[0] in buffers and writes[0] in buffers:
-                buffers[writes[0]] = buffers[reads[0]].reshape(dims[writes[0]])
-                continue
+            if len(reads) == 1 and len(writes) == 1 and reads[0] in held and writes[0] in held:
+                out[writes[0]] = reads[0]
+    return out
+
+
+def _alias_reshapes(steps: list, buffers: dict[int, np.ndarray], dims: dict[int, tuple[int, ...]],
+                    aliases: dict[int, int]) -> list:
+    """Drop the host steps of ``aliases`` (see :func:`_reshape_aliases`), each of which only reshapes one of the
+    executor's buffers into another: the second becomes a view of the first (same bytes, same padding), so nothing
+    is copied per call. Values are written once, and the arena keeps the first alive while the view is read."""
+    kept = []
+    for step in steps:
+        if isinstance(step, HostStep) and step.segment.reshape_only and step.segment.io[1][0] in aliases:
+            (reads, writes) = step.segment.io
+            buffers[writes[0]] = buffers[reads[0]].reshape(dims[writes[0]])
+            continue
         kept.append(step)
     return kept
-
-
-def padded_buffers(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
-    """Uninitialized arrays of these (shape, dtype) as ``native.padded_empty`` makes them (C-contiguous, 64-byte
-    aligned, at least ``EXTRA_BYTES`` of their own memory after each, none ending within ``EXTRA_BYTES`` of a page
-    end), carved out of one allocation: reading an allocation's address costs more than the rest together."""
-    sizes = [math.prod(shape) * np.dtype(dt).itemsize for shape, dt in specs]
-    raw = np.empty(sum(sizes) + len(sizes) * (native.EXTRA_BYTES + 192) + 64, np.uint8)
-    base = raw.ctypes.data
-    off = -base % 64
-    out = []
-    for (shape, dt), n in zip(specs, sizes, strict=True):
-        if n and _near_page_end(base + off + n):
-            off += 64
-        out.append(raw[off:off + n].view(dt).reshape(tuple(shape)))
-        off += n + native.EXTRA_BYTES
-        off += -(base + off) % 64
-    assert off <= raw.nbytes
-    return out
 
 
 def _weights(n: XNode) -> tuple[int, ...]:
