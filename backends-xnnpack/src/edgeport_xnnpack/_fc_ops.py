@@ -103,8 +103,12 @@ def available() -> bool:
 
 
 def host_kernel_available() -> bool:
-    """:data:`HOST_KERNEL`, the ``_gemm`` extension is built, and this CPU runs ``HostFullyConnected``."""
-    return HOST_KERNEL and _gemm is not None and hasattr(_gemm, "HostFullyConnected") and _gemm.fc_isa() == 2
+    """:data:`HOST_KERNEL`, the ``_gemm`` extension is built, this CPU runs ``HostFullyConnected`` (AVX-512F) and
+    ``EDGEPORT_XNNPACK_CONV_ISA=avx2`` does not cap edgeport's host kernels at AVX2 (the AVX2-emulated bench)."""
+    from edgeport_xnnpack._host_conv import kernel_level
+
+    return HOST_KERNEL and _gemm is not None and hasattr(_gemm, "HostFullyConnected") and _gemm.fc_isa() == 2 \
+        and kernel_level() == 2
 
 
 def fc_operands(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
