@@ -60,8 +60,8 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
               const: set[int]) -> tuple[int, int, int] | None:
     """``(pixels, taps * channels, output channels)`` of a float32 dense (one group, no dilation) convolution with
     more than one tap, at least ``MIN_CHANNELS`` input channels and constant filter and bias that the kernel runs,
-    else ``None``. 1x1 convolutions stay in XNNPACK: MobileNetV2 has 35 of them between depthwise ones, and a host step each would cut its one XNNPACK
-    runtime into ~70 steps."""
+    else ``None``. 1x1 convolutions are not this kernel's: they are plain GEMMs, which ``_fc_ops.conv_operands``
+    runs on the fully connected operator where the CPU has AVX-512F (else they stay in XNNPACK)."""
     if n.kind != "XNNConv2d" or n.get("flags"):
         return None
     ins, out = n.inputs(), n.outputs()[0]
@@ -77,7 +77,7 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
         return None
     batch, _, _, c, kh, kw = geometry[:6]
     if kh * kw == 1 or kw * c < MIN_CHANNELS:
-        return None  # 1x1: a plain GEMM the 2022 library runs well enough that a step boundary does not pay
+        return None  # 1x1: a plain GEMM (see above)
     return batch * geometry[10] * geometry[11], kh * kw * c, cols
 
 
