@@ -5,7 +5,7 @@ from them but their contents -- the reshapes, transposes and slices it reads thr
 into, each operator's operands -- is the same on every call too. :class:`SegmentBinding` (a host segment as a step
 of :mod:`edgeport_xnnpack._direct`) binds the segment's program to the arrays once they came twice in a row:
 views made once, each computing step a call of no arguments (``HostOp.bind``: a small matrix product is one
-``_gemm.bmm`` call on views made at bind time, a view copied out one ``np.copyto``); then, while the very same
+``_gemm.bmm`` call on views made at bind time, a view copied out one ``dst[...] = view``); then, while the very same
 array objects come again, it runs those calls only. The same kernels run on the same memory in the same order,
 so the results are the program's bit for bit. The binding keeps references to the arrays it bound (the
 program's planned buffers) until a call with other arrays (which runs the program and releases them) or until
@@ -41,9 +41,10 @@ def is_view_of(v: np.ndarray, a: np.ndarray) -> bool:
 
 def bind_view_copy(compute: Callable[[Sequence[np.ndarray]], np.ndarray],
                    into: Callable[[Sequence[np.ndarray], np.ndarray], None]) -> Callable[..., Thunk]:
-    """``HostOp.bind`` of a view op whose result is copied out: below the transpose kernel's size one
-    ``np.copyto`` of the view into ``out`` seen in the view's shape (the same elements in the same C order as
-    ``into`` copies them)."""
+    """``HostOp.bind`` of a view op whose result is copied out: below the transpose kernel's size one copy of the
+    view into ``out`` seen in the view's shape (the same elements in the same C order as ``into`` copies them):
+    ``dst[...] = view`` when the dtypes are equal (~0.5 us a call against ~1.2 us for ``np.copyto`` with its
+    keyword), else ``np.copyto`` with ``same_kind`` casting."""
     def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Thunk:
         r = compute(xs)
         if r.size >= TRANSPOSE_KERNEL_MIN or r.size != out.size:
@@ -51,6 +52,8 @@ def bind_view_copy(compute: Callable[[Sequence[np.ndarray]], np.ndarray],
         dst = out.reshape(r.shape)
         if not (is_view_of(r, xs[0]) and is_view_of(dst, out)):
             return partial(into, xs, out)
+        if dst.dtype == r.dtype:
+            return partial(dst.__setitem__, Ellipsis, r)
         return partial(np.copyto, dst, r, casting="same_kind")
     return bind
 
