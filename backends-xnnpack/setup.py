@@ -12,11 +12,16 @@ compiler is available the build is skipped and the executor uses the equivalent 
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_glue.c"], optional=True,
+setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_glue.c",
+                                                          "src/edgeport_xnnpack/_chain.c"],
+                             depends=["src/edgeport_xnnpack/_step.h"], optional=True,
                              extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"]),
                    # elementwise kernels the 2022 library lacks (GELU), vectorized; optional like the glue
-                   Extension("edgeport_xnnpack._kernels", ["src/edgeport_xnnpack/_kernels.c"], optional=True,
+                   Extension("edgeport_xnnpack._kernels", ["src/edgeport_xnnpack/_kernels.c",
+                                                             "src/edgeport_xnnpack/_kernels_bound.c"],
+                             depends=["src/edgeport_xnnpack/_step.h", "src/edgeport_xnnpack/_kernels_bound.h"],
+                             optional=True,
                              extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall",
                                                  "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"]),
@@ -25,7 +30,7 @@ setup(ext_modules=[Extension("edgeport_xnnpack._glue", ["src/edgeport_xnnpack/_g
                                                           "src/edgeport_xnnpack/_gemm_conv.c",
                                                           "src/edgeport_xnnpack/_gemm_bmm.c",
                                                           "src/edgeport_xnnpack/_gemm_fc.c"],
-                             depends=["src/edgeport_xnnpack/_gemm_common.h"], optional=True,
+                             depends=["src/edgeport_xnnpack/_gemm_common.h", "src/edgeport_xnnpack/_step.h"], optional=True,
                              extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                                  "-Wno-missing-field-initializers"]),
                    # qd8 x qc8w / qb4w fully connected; no fused multiply-adds: the row quantization must round

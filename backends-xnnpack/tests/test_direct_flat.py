@@ -15,12 +15,13 @@ from test_executor_plan import D, S, attention_blob, attention_reference
 from xnn_helpers import needs_xnnpack
 
 from edgeport.errors import RuntimeExecutionError
+from edgeport_xnnpack import _direct
 from edgeport_xnnpack.runtime import XnnpackExecutor
 
-pytestmark = needs_xnnpack
+pytestmark = [needs_xnnpack, pytest.mark.skipif(_direct._Chain is None, reason="the C glue is not built")]
 
 
-def _flat_of(handle) -> tuple | None:  # noqa: ANN001
+def _flat_of(handle):  # noqa: ANN001, ANN202 - the handle's chain (``_glue.Chain``) or None
     cells = dict(zip(handle.direct.__code__.co_freevars, (c.cell_contents for c in handle.direct.__closure__),
                      strict=True))
     return cells["state"][0]
@@ -57,8 +58,13 @@ def test_same_arrays_run_the_flat_list_and_give_fresh_calls_bits(executor_handle
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
         ex.execute(h, [x], out=outs)  # the next call with these arrays makes the list again
     ex.execute(h, [x], out=outs)
-    flat = _flat_of(h)
-    assert flat is not None and len(flat) > len(h.steps)  # host segments spliced in as their calls
+    chain = _flat_of(h)
+    assert chain is not None
+    entries, bound = chain.counts
+    assert entries > len(h.steps)  # host segments spliced in as their calls
+    # each one a bound step of the C chain (3 native runtimes, 2 products, a view copy) but the host multiply, which
+    # stays numpy's call
+    assert (entries, bound) == (7, 6)
 
 
 def _called_three_times(ex, h) -> tuple[np.ndarray, list[np.ndarray]]:

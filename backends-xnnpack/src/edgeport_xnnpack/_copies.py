@@ -36,6 +36,7 @@ _MAX_RUNS = 1 << 14  # runs (consecutive source elements) planned at most: a lar
 #                      and _kernels.transpose_scale (a table of its single elements would cost more than it saves)
 _MAX_SLOTS = 64      # the kernel's limit on arrays per call
 _run = getattr(_kernels, "copy_runs", None)
+_bound = getattr(_kernels, "copy_runs_plan", None)
 # copy plans kept by segment structure and dims (see plan_copies): at most this many, of this many table bytes
 _MEMO_ENTRIES = 512
 _MEMO_BYTES = 8 << 20
@@ -53,6 +54,11 @@ class CopyPlan:
 
     def run(self, arrays: Sequence[np.ndarray]) -> bool:
         return bool(_run(arrays, self.n_src, self.table, 4))
+
+    def plan(self, arrays: Sequence[np.ndarray]) -> Any:
+        """``run`` on these very arrays as a bound step of a direct call's chain (``_step.h``), its checks done
+        now; ``None`` when the kernel declines them."""
+        return None if _bound is None else _bound(arrays, self.n_src, self.table, 4)
 
 
 def plan_copies(nodes: Sequence[XNode], program: Sequence[Callable[[dict[int, np.ndarray]], None]],

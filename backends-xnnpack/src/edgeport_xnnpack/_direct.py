@@ -26,6 +26,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edgeport_xnnpack._replay import IO_CHECK
+
+try:  # optional, built with the C glue when a compiler is present
+    from edgeport_xnnpack._glue import Chain as _Chain
+except ImportError:  # pragma: no cover - no compiler at install time
+    _Chain = None
+
 __all__ = ["direct_call"]
 
 DirectCall = Callable[[Sequence[Any], list[Any]], None]
@@ -84,11 +91,10 @@ def direct_call(inputs: Sequence[tuple[int, tuple[int, ...]]], outputs: Sequence
             if type(a) is not ndarray:  # None (a fresh array wanted) or not a plain numpy array
                 raise ValueError("out entries must be numpy arrays")
         io = (*ins, *out)
-        flat = state[0]
-        if flat is not None:
+        chained = state[0]
+        if chained is not None:
             if all(map(is_, io, state[1])):
-                for f in flat:
-                    f()
+                chained()
                 return
             state[0] = state[1] = None  # other arrays: the held ones are released
         slots = [*io, *own_tail]
@@ -96,20 +102,50 @@ def direct_call(inputs: Sequence[tuple[int, tuple[int, ...]]], outputs: Sequence
             run(args_of(slots))
         seen = tuple(map(id, io))
         if seen == state[2]:
-            state[0], state[1] = _flat(bindings, run_steps, slots), io
+            state[0], state[1] = _chained(_flat(bindings, run_steps, slots), io, n_in), io
         state[2] = seen
 
     return call
 
 
 def _flat(bindings: Sequence[Any], run_steps: Sequence[tuple[Callable[[Any], Any], Callable[[list[Any]], Any]]],
-          slots: list[Any]) -> tuple[Callable[[], Any], ...]:
+          slots: list[Any]) -> list[Callable[[], Any]]:
     """The steps on ``slots`` as calls of no arguments: a host segment bound to its arrays (``_replay``) spliced in
-    as its checks and kernel calls, every other step its binding's ``run`` on its arrays (checked by it)."""
+    as its checks and kernel calls, every other step its binding's ``run`` on its arrays (checked by it); a native
+    step's call carries the binding's ``plan`` on those arrays (see ``_chained``)."""
     flat: list[Callable[[], Any]] = []
     for binding, (run, args_of) in zip(bindings, run_steps, strict=True):
         args = args_of(slots)
         bound = getattr(binding, "bound_calls", None)
         calls = bound(args) if bound is not None else None
-        flat += calls if calls is not None else [partial(run, args)]
-    return tuple(flat)
+        if calls is not None:
+            flat += calls
+            continue
+        f = partial(run, args)
+        plan = getattr(binding, "plan", None)  # the C glue's Binding
+        if plan is not None:
+            f.plan = partial(plan, args)  # type: ignore[attr-defined]
+        flat.append(f)
+    return flat
+
+
+def _chained(flat: list[Callable[[], Any]], io: tuple[Any, ...], n_in: int) -> Callable[[], Any]:
+    """The flat calls as one call: with the C glue a ``_glue.Chain`` of bound steps (each call's ``plan`` made on
+    its arrays; a call without one, or whose kernel refuses the arrays, stays a Python call), which checks the io
+    arrays' layout itself before any step -- so the host segments' own checks of them (``IO_CHECK``) are left out;
+    without the glue a loop over the calls."""
+    if _Chain is None:
+        calls = tuple(flat)
+
+        def loop() -> None:
+            for f in calls:
+                f()
+        return loop
+    entries: list[Any] = []
+    for f in flat:
+        plan = getattr(f, "plan", None)
+        if plan is IO_CHECK:
+            continue
+        step = plan() if plan is not None else None
+        entries.append(f if step is None else step)
+    return _Chain(io, n_in, entries)

@@ -396,6 +396,10 @@ static PyMethodDef methods[] = {
      "bmm(a, b, out[, lo, hi[, scale]]) -> bool: out = clamp(a @ (b * scale)) for float32 views of rank >= 2 with "
      "numpy matmul's batch broadcasting into a C-contiguous out; False (nothing written) when it does not take them "
      "(see _gemm_bmm.c)"},
+    {"bmm_plan", bmm_plan, METH_VARARGS,
+     "bmm_plan(a, b, out[, lo, hi[, scale]]) -> the same product bound to these arrays as a step of a direct call's "
+     "chain (a capsule; scale: a float or a one-element float32 array read on every run), or None when bmm would "
+     "refuse them"},
     {"fc_isa", fc_isa, METH_NOARGS, "fc_isa() -> 2 when this CPU runs HostFullyConnected (AVX-512F), else 0"},
     {"packed_gemm", packed_gemm, METH_VARARGS,
      "packed_gemm(parallelize, pool, a, packed_w, packed_bias, out, m, k, n, lo, hi, threads)"},

@@ -8,6 +8,9 @@
  *   cache, a head split, a size-1 dim broadcast), out is C-contiguous and writable. False (nothing written) when
  *   the operands do not fit these rules, or out shares memory with a or b: the caller runs numpy then.
  *
+ * bmm_plan(a, b, out[, lo, hi[, scale]]) -> a bound step (see _step.h) of the same product on these very arrays
+ *   (scale: a float, or a float32 array of one element read on every run), or None when bmm would refuse them.
+ *
  * Why: numpy's matmul costs ~2-5 us of dispatch per call plus OpenBLAS's per-call set-up per batch element (a
  * 1 x 64 x 128 product is ~100 ns of arithmetic); the executor also caps OpenBLAS to one thread around it. Here the
  * whole batch is one call, without the GIL. Three loops: rows of b^T contiguous (a key cache read as K^T: dot
@@ -16,9 +19,11 @@
  * results agree with numpy's to float32 rounding (checked in tests/test_host_bmm.py), not bit for bit.
  */
 #include "_gemm_common.h"
+#include "_step.h"
 #include <math.h>
 
 #define BMM_MAX_DIMS 8
+#define BMM_GIL_MACS (1 << 16) /* a bound product this large runs without the GIL */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -206,94 +211,211 @@ static void extent(const Py_buffer *v, const char **lo, const char **hi) {
     *hi = h + v->itemsize;
 }
 
+/* one product's operands, checked: everything bmm_execute needs (addresses taken from the views) */
+typedef struct {
+    const float *a, *b;
+    float *c;
+    Py_ssize_t m, k, n, sa_m, sa_k, sb_k, sb_n, batches, c_len;
+    int nb;
+    Py_ssize_t batch_shape[BMM_MAX_DIMS], a_step[BMM_MAX_DIMS], b_step[BMM_MAX_DIMS];
+    float lo, hi;
+    int clamp;
+    product_fn product;
+} bmm_job;
+
+/* 1 and ``j`` filled when the views fit bmm's rules (see the header), else 0 */
+static int bmm_prepare(const Py_buffer *a, const Py_buffer *b, const Py_buffer *c, double lo, double hi, bmm_job *j) {
+    int nd = c->ndim;
+    Py_ssize_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
+    int ok = nd == (a->ndim > b->ndim ? a->ndim : b->ndim) && b->shape[b->ndim - 2] == k && c->shape[nd - 2] == m &&
+             c->shape[nd - 1] == n && PyBuffer_IsContiguous(c, 'C');
+    /* batch dims, aligned from the right: each operand's dim is the output's or 1 (broadcast) */
+    j->nb = nd - 2;
+    j->batches = 1;
+    for (int d = 0; ok && d < j->nb; d++) {
+        int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
+        Py_ssize_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+        j->batch_shape[d] = c->shape[d];
+        ok = (sa == c->shape[d] || sa == 1) && (sb == c->shape[d] || sb == 1);
+        j->a_step[d] = da >= 0 && sa != 1 ? a->strides[da] / 4 : 0;
+        j->b_step[d] = db >= 0 && sb != 1 ? b->strides[db] / 4 : 0;
+        j->batches *= c->shape[d];
+    }
+    if (ok && c->len > 0) {  /* out must not share memory with an operand (numpy copies through a temporary then) */
+        const char *clo = c->buf, *chi = (const char *)c->buf + c->len, *lo_, *hi_;
+        extent(a, &lo_, &hi_);
+        ok = !(lo_ < chi && clo < hi_);
+        extent(b, &lo_, &hi_);
+        ok = ok && !(lo_ < chi && clo < hi_);
+    }
+    if (!ok)
+        return 0;
+    j->m = m, j->k = k, j->n = n;
+    j->sa_m = a->strides[a->ndim - 2] / 4, j->sa_k = a->strides[a->ndim - 1] / 4;
+    j->sb_k = b->strides[b->ndim - 2] / 4, j->sb_n = b->strides[b->ndim - 1] / 4;
+    j->product = pick(j->sa_k, j->sb_k, j->sb_n);
+    j->lo = (float)lo, j->hi = (float)hi;
+    j->clamp = j->lo > -INFINITY || j->hi < INFINITY;
+    j->a = a->buf, j->b = b->buf, j->c = c->buf, j->c_len = c->len;
+    return 1;
+}
+
+/* the products of a prepared job (no Python API: may run without the GIL) */
+static void bmm_execute(const bmm_job *j, float scale) {
+    if (j->c_len == 0)
+        return;
+    Py_ssize_t m = j->m, k = j->k, n = j->n;
+    Py_ssize_t idx[BMM_MAX_DIMS] = {0};
+    Py_ssize_t a_off = 0, b_off = 0;
+    for (Py_ssize_t t = 0; t < j->batches; t++) {
+        float *dst = j->c + t * m * n;
+        if (k == 0)
+            memset(dst, 0, (size_t)(m * n) * sizeof(float));
+        else
+            j->product(j->a + a_off, j->sa_m, j->sa_k, j->b + b_off, j->sb_k, j->sb_n, dst, m, k, n, scale);
+        if (j->clamp)
+            for (Py_ssize_t e = 0; e < m * n; e++) {
+                float v = dst[e] < j->lo ? j->lo : dst[e];
+                dst[e] = v > j->hi ? j->hi : v;
+            }
+        for (int d = j->nb - 1; d >= 0; d--) {  /* next batch index, offsets updated incrementally */
+            a_off += j->a_step[d];
+            b_off += j->b_step[d];
+            if (++idx[d] < j->batch_shape[d])
+                break;
+            a_off -= j->a_step[d] * j->batch_shape[d];
+            b_off -= j->b_step[d] * j->batch_shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/* the three views of bmm's operands, or 0 (nothing held) when one is not a float32 view bmm takes */
+static int bmm_views(PyObject *a_obj, PyObject *b_obj, PyObject *out_obj, Py_buffer *a, Py_buffer *b, Py_buffer *c) {
+    if (!float_view(a_obj, a, 0))
+        return 0;
+    if (!float_view(b_obj, b, 0)) {
+        PyBuffer_Release(a);
+        return 0;
+    }
+    if (!float_view(out_obj, c, 1)) {
+        PyBuffer_Release(a);
+        PyBuffer_Release(b);
+        return 0;
+    }
+    return 1;
+}
+
+static int bad_range(double lo, double hi) {
+    if (isnan(lo) || isnan(hi) || lo > hi) {
+        PyErr_Format(PyExc_ValueError, "bmm: bad output range (%g, %g)", lo, hi);
+        return 1;
+    }
+    return 0;
+}
+
 PyObject *bmm(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *a_obj, *b_obj, *out_obj;
     double lo = -INFINITY, hi = INFINITY, scale = 1.0;
     if (!PyArg_ParseTuple(args, "OOO|ddd:bmm", &a_obj, &b_obj, &out_obj, &lo, &hi, &scale))
         return NULL;
-    if (isnan(lo) || isnan(hi) || lo > hi) {
-        PyErr_Format(PyExc_ValueError, "bmm: bad output range (%g, %g)", lo, hi);
+    if (bad_range(lo, hi))
         return NULL;
-    }
     Py_buffer a, b, c;
-    if (!float_view(a_obj, &a, 0))
+    if (!bmm_views(a_obj, b_obj, out_obj, &a, &b, &c))
         Py_RETURN_FALSE;
-    if (!float_view(b_obj, &b, 0)) {
-        PyBuffer_Release(&a);
-        Py_RETURN_FALSE;
+    bmm_job j;
+    int ok = bmm_prepare(&a, &b, &c, lo, hi, &j);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        bmm_execute(&j, (float)scale);
+        Py_END_ALLOW_THREADS
     }
-    if (!float_view(out_obj, &c, 1)) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&b);
-        Py_RETURN_FALSE;
-    }
-    int ok = 1;
-    int nd = c.ndim;
-    Py_ssize_t m = a.shape[a.ndim - 2], k = a.shape[a.ndim - 1], n = b.shape[b.ndim - 1];
-    ok = nd == (a.ndim > b.ndim ? a.ndim : b.ndim) && b.shape[b.ndim - 2] == k && c.shape[nd - 2] == m &&
-         c.shape[nd - 1] == n && PyBuffer_IsContiguous(&c, 'C');
-    /* batch dims, aligned from the right: each operand's dim is the output's or 1 (broadcast) */
-    Py_ssize_t batch_shape[BMM_MAX_DIMS], a_step[BMM_MAX_DIMS], b_step[BMM_MAX_DIMS];
-    int nb = nd - 2;
-    Py_ssize_t batches = 1;
-    for (int d = 0; ok && d < nb; d++) {
-        int da = d - (nd - a.ndim), db = d - (nd - b.ndim);
-        Py_ssize_t sa = da >= 0 ? a.shape[da] : 1, sb = db >= 0 ? b.shape[db] : 1;
-        batch_shape[d] = c.shape[d];
-        ok = (sa == c.shape[d] || sa == 1) && (sb == c.shape[d] || sb == 1);
-        a_step[d] = da >= 0 && sa != 1 ? a.strides[da] / 4 : 0;
-        b_step[d] = db >= 0 && sb != 1 ? b.strides[db] / 4 : 0;
-        batches *= c.shape[d];
-    }
-    if (ok && c.len > 0) {  /* out must not share memory with an operand (numpy copies through a temporary then) */
-        const char *clo = c.buf, *chi = (const char *)c.buf + c.len, *lo_, *hi_;
-        extent(&a, &lo_, &hi_);
-        ok = !(lo_ < chi && clo < hi_);
-        extent(&b, &lo_, &hi_);
-        ok = ok && !(lo_ < chi && clo < hi_);
-    }
-    if (!ok) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&b);
-        PyBuffer_Release(&c);
-        Py_RETURN_FALSE;
-    }
-    Py_ssize_t sa_m = a.strides[a.ndim - 2] / 4, sa_k = a.strides[a.ndim - 1] / 4;
-    Py_ssize_t sb_k = b.strides[b.ndim - 2] / 4, sb_n = b.strides[b.ndim - 1] / 4;
-    product_fn product = pick(sa_k, sb_k, sb_n);
-    float flo = (float)lo, fhi = (float)hi, fscale = (float)scale;
-    int clamp = flo > -INFINITY || fhi < INFINITY;
-    const float *ap = a.buf, *bp = b.buf;
-    float *cp = c.buf;
-    Py_BEGIN_ALLOW_THREADS
-    if (c.len > 0) {
-        Py_ssize_t idx[BMM_MAX_DIMS] = {0};
-        Py_ssize_t a_off = 0, b_off = 0;
-        for (Py_ssize_t t = 0; t < batches; t++) {
-            float *dst = cp + t * m * n;
-            if (k == 0)
-                memset(dst, 0, (size_t)(m * n) * sizeof(float));
-            else
-                product(ap + a_off, sa_m, sa_k, bp + b_off, sb_k, sb_n, dst, m, k, n, fscale);
-            if (clamp)
-                for (Py_ssize_t e = 0; e < m * n; e++) {
-                    float v = dst[e] < flo ? flo : dst[e];
-                    dst[e] = v > fhi ? fhi : v;
-                }
-            for (int d = nb - 1; d >= 0; d--) {  /* next batch index, offsets updated incrementally */
-                a_off += a_step[d];
-                b_off += b_step[d];
-                if (++idx[d] < batch_shape[d])
-                    break;
-                a_off -= a_step[d] * batch_shape[d];
-                b_off -= b_step[d] * batch_shape[d];
-                idx[d] = 0;
-            }
-        }
-    }
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     PyBuffer_Release(&c);
-    Py_RETURN_TRUE;
+    if (ok)
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+/* A bound product (bmm_plan): the job, and references to the arrays whose memory it reads and writes. */
+typedef struct {
+    edgeport_step base;
+    bmm_job job;
+    PyObject *held[4]; /* a, b, out, the scale array (or NULL) */
+    const float *scale_at; /* the scale read on every run, or NULL: ``scale`` */
+    float scale;
+} bmm_step;
+
+static int bmm_step_run(edgeport_step *s) {
+    bmm_step *p = (bmm_step *)s;
+    float scale = p->scale_at != NULL ? *p->scale_at : p->scale;
+    if (p->job.batches * p->job.m * p->job.n * (p->job.k + 1) > BMM_GIL_MACS) {
+        Py_BEGIN_ALLOW_THREADS
+        bmm_execute(&p->job, scale);
+        Py_END_ALLOW_THREADS
+    } else {
+        bmm_execute(&p->job, scale);
+    }
+    return 0;
+}
+
+static void bmm_step_release(edgeport_step *s) {
+    bmm_step *p = (bmm_step *)s;
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(p->held[i]);
+    PyMem_Free(p);
+}
+
+PyObject *bmm_plan(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *a_obj, *b_obj, *out_obj, *scale_obj = NULL;
+    double lo = -INFINITY, hi = INFINITY, scale = 1.0;
+    if (!PyArg_ParseTuple(args, "OOO|ddO:bmm_plan", &a_obj, &b_obj, &out_obj, &lo, &hi, &scale_obj))
+        return NULL;
+    if (bad_range(lo, hi))
+        return NULL;
+    const float *scale_at = NULL;
+    if (scale_obj != NULL && PyFloat_Check(scale_obj)) {
+        scale = PyFloat_AS_DOUBLE(scale_obj);
+        scale_obj = NULL;
+    } else if (scale_obj != NULL) { /* a float32 array of one element, read on every run */
+        Py_buffer sv;
+        if (PyObject_GetBuffer(scale_obj, &sv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        const char *f = sv.format ? sv.format : "B";
+        if (*f == '=' || *f == '@' || (*f == '<' && PY_LITTLE_ENDIAN))
+            f++;
+        int fits = sv.itemsize == 4 && strcmp(f, "f") == 0 && sv.len == 4;
+        scale_at = sv.buf;
+        PyBuffer_Release(&sv);
+        if (!fits)
+            Py_RETURN_NONE;
+    }
+    Py_buffer a, b, c;
+    if (!bmm_views(a_obj, b_obj, out_obj, &a, &b, &c))
+        Py_RETURN_NONE;
+    bmm_job j;
+    int ok = bmm_prepare(&a, &b, &c, lo, hi, &j);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&c);
+    if (!ok)
+        Py_RETURN_NONE;
+    bmm_step *p = PyMem_Calloc(1, sizeof(bmm_step));
+    if (p == NULL)
+        return PyErr_NoMemory();
+    p->base.run = bmm_step_run;
+    p->base.release = bmm_step_release;
+    p->job = j;
+    p->scale_at = scale_at;
+    p->scale = (float)scale;
+    PyObject *held[4] = {a_obj, b_obj, out_obj, scale_obj};
+    for (int i = 0; i < 4; i++) {
+        Py_XINCREF(held[i]);
+        p->held[i] = held[i];
+    }
+    return edgeport_step_capsule(&p->base);
 }

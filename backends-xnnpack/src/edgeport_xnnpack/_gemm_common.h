@@ -39,6 +39,7 @@ PyObject *qs8_im2col(PyObject *module, PyObject *args);
 PyObject *conv_isa(PyObject *module, PyObject *args);
 PyObject *conv_packed(PyObject *module, PyObject *args);
 PyObject *bmm(PyObject *module, PyObject *args);
+PyObject *bmm_plan(PyObject *module, PyObject *args);
 PyObject *fc_isa(PyObject *module, PyObject *args);
 int gemm_isa_level(void);
 int add_host_fc(PyObject *module);

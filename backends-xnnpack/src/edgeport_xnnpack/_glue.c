@@ -31,6 +31,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "_step.h"
+
+int chain_add_type(PyObject *module); /* _chain.c */
+
 typedef struct {
     uint32_t id;
     void *data;
@@ -622,6 +626,110 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
     Py_RETURN_FALSE;
 }
 
+/* Binding.plan: the binding as a step of a direct call's chain (_step.h, _chain.c). Its run invokes the runtime or
+ * operator straight away while nothing changed since it was made (the binding is set up with the very addresses
+ * it saw then, no call in progress, the shared operator set up by this binding); otherwise it runs ``run`` on the
+ * arrays it holds, which checks everything again. The chain checks the caller's arrays before any step runs. */
+typedef struct {
+    edgeport_step base;
+    Binding *binding;
+    PyObject *arrays; /* the tuple ``run`` takes when the quick way is closed */
+    void **ptrs;      /* ext[i].data when the step was made */
+    Py_ssize_t n;
+} binding_step;
+
+static int binding_step_run(edgeport_step *s) {
+    binding_step *p = (binding_step *)s;
+    Binding *b = p->binding;
+    int quick = b->ext != NULL && b->handle != NULL && !b->busy && b->valid && b->n == p->n;
+    for (Py_ssize_t i = 0; quick && i < p->n; i++)
+        quick = b->ext[i].data == p->ptrs[i];
+    uintptr_t *shared = NULL;
+    if (quick && b->shared != NULL) {
+        shared = shared_words(b);
+        quick = shared != NULL && !shared[1] && shared[0] == (uintptr_t)b;
+    }
+    if (!quick) {
+        PyObject *r = Binding_run(b, p->arrays);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        return 0;
+    }
+    b->busy = 1;
+    if (shared != NULL) shared[1] = 1;
+    void *h = b->handle, *fn = b->run_fn, *pool = b->pool;
+    int kind = b->kind, status;
+    long long t0 = 0, t1 = 0;
+    Py_BEGIN_ALLOW_THREADS
+    t0 = now_ns();
+    status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
+    t1 = now_ns();
+    Py_END_ALLOW_THREADS
+    b->run_ns += t1 - t0;
+    if (shared != NULL) shared[1] = 0;
+    b->busy = 0;
+    if (status != 0) {
+        raise_status(b, kind == KIND_RUNTIME ? "xnn_invoke_runtime" : "xnn_run_operator", status);
+        return -1;
+    }
+    return 0;
+}
+
+static void binding_step_release(edgeport_step *s) {
+    binding_step *p = (binding_step *)s;
+    Py_XDECREF((PyObject *)p->binding);
+    Py_XDECREF(p->arrays);
+    PyMem_Free(p->ptrs);
+    PyMem_Free(p);
+}
+
+static PyObject *Binding_plan(Binding *self, PyObject *arrays) {
+    if (self->ext == NULL || self->handle == NULL || self->busy || !self->valid) Py_RETURN_NONE;
+    PyObject *seq = as_tuple(arrays, "arrays must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    void **ptrs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(void *));
+    if (ptrs == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    int fits = n == self->n;
+    for (Py_ssize_t i = 0; fits && i < n; i++) { /* each array is what the last setup bound (not a staged copy) */
+        Py_buffer v;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(seq, i), &v, PyBUF_SIMPLE) != 0) {
+            PyErr_Clear();
+            fits = 0;
+            break;
+        }
+        ptrs[i] = v.buf;
+        fits = v.len == self->nbytes[i] && (v.len == 0 || v.buf == self->ext[i].data) && self->stage[i] == NULL;
+        PyBuffer_Release(&v);
+    }
+    /* exporting may have run Python code: the binding must still be as it was */
+    fits = fits && self->ext != NULL && self->handle != NULL && !self->busy && self->valid && self->n == n;
+    for (Py_ssize_t i = 0; fits && i < n; i++) fits = ptrs[i] == self->ext[i].data || self->nbytes[i] == 0;
+    for (Py_ssize_t i = 0; fits && i < n; i++) ptrs[i] = self->ext[i].data;
+    if (!fits) {
+        PyMem_Free(ptrs);
+        Py_DECREF(seq);
+        Py_RETURN_NONE;
+    }
+    binding_step *p = PyMem_Calloc(1, sizeof(binding_step));
+    if (p == NULL) {
+        PyMem_Free(ptrs);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    p->base.run = binding_step_run;
+    p->base.release = binding_step_release;
+    Py_INCREF(self);
+    p->binding = self;
+    p->arrays = seq;
+    p->ptrs = ptrs;
+    p->n = n;
+    return edgeport_step_capsule(&p->base);
+}
+
 static PyObject *Binding_close(Binding *self, PyObject *Py_UNUSED(ignored)) {
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "cannot close an XNNPACK runtime while it runs");
@@ -665,6 +773,9 @@ static PyObject *Binding_get_staged(Binding *self, void *Py_UNUSED(closure)) {
 static PyMethodDef Binding_methods[] = {
     {"run", (PyCFunction)Binding_run, METH_O,
      "run(arrays) -> bool: bind one buffer per external value, set up if a pointer changed (returned), run."},
+    {"plan", (PyCFunction)Binding_plan, METH_O,
+     "plan(arrays) -> this binding on these arrays as a step of a direct call's chain (a capsule), or None when the "
+     "last call did not set it up with these very addresses."},
     {"expect", (PyCFunction)Binding_expect, METH_VARARGS,
      "expect(slot, format_char, dims): also require this struct format and these dims at slot."},
     {"close", (PyCFunction)Binding_close, METH_NOARGS,
@@ -708,7 +819,7 @@ PyMODINIT_FUNC PyInit__glue(void) {
     }
     if (PyModule_AddIntConstant(m, "KIND_RUNTIME", KIND_RUNTIME) < 0 ||
         PyModule_AddIntConstant(m, "KIND_SHUFFLE", KIND_SHUFFLE) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_OPERATOR", KIND_OPERATOR) < 0) {
+        PyModule_AddIntConstant(m, "KIND_OPERATOR", KIND_OPERATOR) < 0 || chain_add_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -22,7 +22,7 @@ from edgeport_xnnpack._copies import plan_copies
 from edgeport_xnnpack._dynamic_quant import DYNAMIC_ROWS, quantize_rows
 from edgeport_xnnpack._host_gelu import gelu, gelu_calls
 from edgeport_xnnpack._host_place import fused_scales
-from edgeport_xnnpack._replay import TRANSPOSE_KERNEL_MIN, bind_view_copy, is_view_of
+from edgeport_xnnpack._replay import TRANSPOSE_KERNEL_MIN, bind_reshape_copy, bind_view_copy, is_view_of
 from edgeport_xnnpack._rewrite_int8 import INT8_MEAN, int8_mean
 from edgeport_xnnpack.schema.graph import CAT_INPUTS, XNode
 
@@ -32,8 +32,9 @@ except ImportError:  # pragma: no cover - no compiler at install time
     _kernels = None
 try:
     from edgeport_xnnpack._gemm import bmm as _bmm
+    from edgeport_xnnpack._gemm import bmm_plan as _bmm_plan
 except ImportError:  # pragma: no cover - no compiler at install time, or an extension built before bmm
-    _bmm = None
+    _bmm = _bmm_plan = None
 
 _F32 = np.dtype(np.float32)
 #: batch matrix products of at most this many multiply-adds run on ``_gemm.bmm`` (one call for the whole batch,
@@ -127,8 +128,10 @@ def make_host_op(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: t
     rank = len(out_shape)
     if kind in ("XNNStaticReshape", "XNNCopy"):
         _check(math.prod(in_shapes[0]) == math.prod(out_shape), f"reshape of {in_shapes[0]} into {out_shape}")
-        return _op(lambda xs: xs[0].reshape(out_shape), view=True,
-                   into=lambda xs, out: np.copyto(out.reshape(xs[0].shape), xs[0]))
+        op = _op(lambda xs: xs[0].reshape(out_shape), view=True,
+                 into=lambda xs, out: np.copyto(out.reshape(xs[0].shape), xs[0]))
+        op.bind = bind_reshape_copy
+        return op
     if kind == "XNNStaticTranspose":
         perm = [int(p) for p in node.get("perm")]
         _check(sorted(perm) == list(range(len(in_shapes[0]))), f"bad permutation {perm} for rank {len(in_shapes[0])}")
@@ -227,7 +230,9 @@ def _matmul(node: XNode, in_shapes: Sequence[tuple[int, ...]], out_shape: tuple[
         if has_bias or not small or not (is_view_of(lhs, xs[0]) and is_view_of(dst, out)):
             return partial(into, xs, out)
         product = partial(_bmm, lhs, rhs, dst, *bounds)
-        return lambda: product() or into(xs, out)  # the numpy path for what the C product refuses
+        thunk = lambda: product() or into(xs, out)  # noqa: E731 - the numpy path for what the C product refuses
+        thunk.plan = partial(_bmm_plan, lhs, rhs, dst, *bounds)  # type: ignore[attr-defined] - see _replay
+        return thunk
     op = _op(into=into, out_shape=out_shape)
     op.uses_blas, op.bind = not small, bind
     return op
@@ -265,6 +270,7 @@ def _scaled_matmul(operands: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, 
         def run() -> None:  # the scale read on every call
             if not _bmm(lhs, rhs, dst, lo, hi, float(scale[0])):
                 into(xs, out)
+        run.plan = partial(_bmm_plan, lhs, rhs, dst, lo, hi, scale)  # type: ignore[attr-defined] - see _replay
         return run
     op = _op(into=into, out_shape=out_shape)
     op.uses_blas, op.bind = not small, bind

@@ -17,6 +17,9 @@ except ImportError:  # pragma: no cover - no compiler at install time
 
 __all__ = ["erf", "gelu", "gelu_calls"]
 
+#: floats per task of the C kernel on a pool (``_kernels.c``'s GELU_CHUNK): up to this many run in one thread
+GELU_CHUNK = 8192
+
 
 def erf(x: np.ndarray) -> np.ndarray:
     # Abramowitz & Stegun 7.1.26 refined with one Newton step: |error| < 1e-7 in float32
@@ -58,6 +61,9 @@ def gelu_calls(pool: Any) -> tuple[Callable[[Sequence[np.ndarray], np.ndarray], 
     def bind(xs: Sequence[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
         x = xs[0]
         if x.dtype == np.float32 and x.flags.c_contiguous:
-            return partial(run, x, out, *where)
+            thunk = partial(run, x, out, *where)
+            if not where or x.size <= GELU_CHUNK:  # one thread: the same loop, as a step of a direct call's chain
+                thunk.plan = partial(_kernels.gelu_plan, x, out)  # type: ignore[attr-defined]
+            return thunk
         return partial(into, xs, out)
     return into, bind

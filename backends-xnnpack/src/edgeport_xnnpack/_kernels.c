@@ -11,6 +11,8 @@
  * copy_runs(arrays, n_src, table, itemsize): the data movement of a host segment of reshapes, transposes, slices
  *   and concatenations as one call: rows of strided runs planned once (edgeport_xnnpack._copies), checked
  *   against the buffers on every call.
+ * gelu_plan / copy_plan: the same GELU and a strided copy bound to their arrays, for a direct call's chain
+ *   (_kernels_bound.c).
  * Arguments are checked before any pointer is touched; the loop runs without the GIL, on the delegate's pthreadpool
  * in chunks of 8192 floats when the caller passes it.
  */
@@ -19,6 +21,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_kernels_bound.h"
 
 static inline __attribute__((always_inline)) float exp_nonpositive(float v) {
     /* e^v for v <= 0, flushed to 0 below -87 (where e^v is under FLT_MIN anyway) */
@@ -105,7 +109,7 @@ __attribute__((target("avx2,fma"))) static void gelu_f32_avx2(const float *x, fl
 }
 #endif
 
-static void gelu_f32(const float *x, float *y, Py_ssize_t n) {
+void gelu_f32(const float *x, float *y, Py_ssize_t n) {
 #ifdef HAVE_AVX2_GELU
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         gelu_f32_avx2(x, y, n);
@@ -258,12 +262,10 @@ static PyObject *transpose_scale(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-#define COPY_MAX_SLOTS 64
-#define COPY_ROW 7 /* src slot, dst slot, src offset, dst offset, count, len, src step (elements) */
 
 /* A host segment that only moves data (reshapes, transposes, slices, concatenations): each row copies ``count``
  * runs of ``len`` elements, run c from src[src_off + c * src_step] to dst[dst_off + c * len]. */
-static void copy_rows(char *const *base, const int64_t *t, Py_ssize_t rows, Py_ssize_t isz) {
+void copy_rows(char *const *base, const int64_t *t, Py_ssize_t rows, Py_ssize_t isz) {
     for (Py_ssize_t r = 0; r < rows; r++, t += COPY_ROW) {
         const char *s = base[t[0]] + t[2] * isz;
         char *d = base[t[1]] + t[3] * isz;
@@ -279,6 +281,59 @@ static void copy_rows(char *const *base, const int64_t *t, Py_ssize_t rows, Py_s
     }
 }
 
+/* copy_runs' checks: 1 with ``views`` / ``base`` filled (``*got`` views held, release them) when every run lies in
+ * its buffers and no destination shares memory with another array, 0 when declined, -1 with an exception set;
+ * ``*total``: the elements the table copies (saturating). */
+int copy_runs_check(PyObject *seq, Py_ssize_t n_src, const Py_buffer *table, Py_ssize_t isz, Py_buffer *views,
+                    char **base, Py_ssize_t *got, Py_ssize_t *total) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    *got = 0;
+    *total = 0;
+    if (n > COPY_MAX_SLOTS || n_src < 0 || n_src > n || (isz != 1 && isz != 2 && isz != 4 && isz != 8)) {
+        PyErr_Format(PyExc_ValueError, "copy_runs: %zd arrays (%zd sources), item size %zd", n, n_src, isz);
+        return -1;
+    }
+    Py_ssize_t rows = table->len / (Py_ssize_t)(COPY_ROW * sizeof(int64_t));
+    const int64_t *t = table->buf;
+    if (table->len % (Py_ssize_t)(COPY_ROW * sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_runs: the table is not rows of 7 int64");
+        return -1;
+    }
+    for (; *got < n; (*got)++) {
+        int flags = PyBUF_C_CONTIGUOUS | (*got >= n_src ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, *got), &views[*got], flags) != 0) {
+            PyErr_Clear(); /* not a C-contiguous (writable) buffer: declined, numpy handles or explains it */
+            return 0;
+        }
+        base[*got] = views[*got].buf;
+        if (views[*got].itemsize != isz) {
+            (*got)++;
+            return 0;
+        }
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) { /* every run inside its buffers, or nothing is copied */
+        const int64_t *w = t + r * COPY_ROW;
+        if (w[0] < 0 || w[0] >= n_src || w[1] < n_src || w[1] >= n || w[4] < 1 || w[5] < 1 || w[2] < 0 ||
+            w[3] < 0 || w[2] > PY_SSIZE_T_MAX / 4 || w[3] > PY_SSIZE_T_MAX / 4 || w[4] > PY_SSIZE_T_MAX / 8 / w[5] ||
+            w[6] > PY_SSIZE_T_MAX / 8 / w[4] || w[6] < -(PY_SSIZE_T_MAX / 8 / w[4])) {
+            PyErr_Format(PyExc_ValueError, "copy_runs: bad row %zd", r);
+            return -1;
+        }
+        int64_t s_last = w[2] + (w[4] - 1) * w[6], s_lo = w[2] < s_last ? w[2] : s_last;
+        int64_t s_hi = (w[2] > s_last ? w[2] : s_last) + w[5];
+        int64_t d_hi = w[3] + w[4] * w[5];
+        if (*total < PY_SSIZE_T_MAX / 16)
+            *total += w[4] * w[5]; /* elements copied (saturating: only compared with a small threshold) */
+        if (s_lo < 0 || s_hi > views[w[0]].len / isz || d_hi > views[w[1]].len / isz)
+            return 0; /* arrays smaller than planned: declined */
+    }
+    for (Py_ssize_t i = n_src; i < n; i++) /* a destination sharing memory with any other array: numpy does it */
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (j != i && base[i] < base[j] + views[j].len && base[j] < base[i] + views[i].len)
+                return 0;
+    return 1;
+}
+
 static PyObject *copy_runs(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *arrays, *table_obj;
     Py_ssize_t n_src, isz;
@@ -287,12 +342,6 @@ static PyObject *copy_runs(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *seq = PySequence_Fast(arrays, "copy_runs: arrays must be a sequence");
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > COPY_MAX_SLOTS || n_src < 0 || n_src > n || (isz != 1 && isz != 2 && isz != 4 && isz != 8)) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "copy_runs: %zd arrays (%zd sources), item size %zd", n, n_src, isz);
-        return NULL;
-    }
     Py_buffer table;
     if (PyObject_GetBuffer(table_obj, &table, PyBUF_C_CONTIGUOUS) != 0) {
         Py_DECREF(seq);
@@ -300,70 +349,25 @@ static PyObject *copy_runs(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     Py_buffer views[COPY_MAX_SLOTS];
     char *base[COPY_MAX_SLOTS];
-    Py_ssize_t got = 0, rows = table.len / (Py_ssize_t)(COPY_ROW * sizeof(int64_t)), total = 0;
-    const int64_t *t = table.buf;
-    PyObject *result = NULL;
-    if (table.len % (Py_ssize_t)(COPY_ROW * sizeof(int64_t)) != 0) {
-        PyErr_SetString(PyExc_ValueError, "copy_runs: the table is not rows of 7 int64");
-        goto done;
-    }
-    for (; got < n; got++) {
-        int flags = PyBUF_C_CONTIGUOUS | (got >= n_src ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], flags) != 0) {
-            PyErr_Clear(); /* not a C-contiguous (writable) buffer: declined, numpy handles or explains it */
-            result = Py_False;
-            Py_INCREF(result);
-            goto done;
-        }
-        if (views[got].itemsize != isz) {
-            got++;
-            result = Py_False;
-            Py_INCREF(result);
-            goto done;
-        }
-        base[got] = views[got].buf;
-    }
-    for (Py_ssize_t r = 0; r < rows; r++) { /* every run inside its buffers, or nothing is copied */
-        const int64_t *w = t + r * COPY_ROW;
-        if (w[0] < 0 || w[0] >= n_src || w[1] < n_src || w[1] >= n || w[4] < 1 || w[5] < 1 || w[2] < 0 ||
-            w[3] < 0 || w[2] > PY_SSIZE_T_MAX / 4 || w[3] > PY_SSIZE_T_MAX / 4 || w[4] > PY_SSIZE_T_MAX / 8 / w[5] ||
-            w[6] > PY_SSIZE_T_MAX / 8 / w[4] || w[6] < -(PY_SSIZE_T_MAX / 8 / w[4])) {
-            PyErr_Format(PyExc_ValueError, "copy_runs: bad row %zd", r);
-            goto done;
-        }
-        int64_t s_last = w[2] + (w[4] - 1) * w[6], s_lo = w[2] < s_last ? w[2] : s_last;
-        int64_t s_hi = (w[2] > s_last ? w[2] : s_last) + w[5];
-        int64_t d_hi = w[3] + w[4] * w[5];
-        if (total < PY_SSIZE_T_MAX / 16)
-            total += w[4] * w[5]; /* elements copied (saturating: only compared with a small threshold) */
-        if (s_lo < 0 || s_hi > views[w[0]].len / isz || d_hi > views[w[1]].len / isz) {
-            result = Py_False; /* arrays smaller than planned: declined */
-            Py_INCREF(result);
-            goto done;
+    Py_ssize_t got = 0, total = 0;
+    int ok = copy_runs_check(seq, n_src, &table, isz, views, base, &got, &total);
+    if (ok == 1) {
+        Py_ssize_t rows = table.len / (Py_ssize_t)(COPY_ROW * sizeof(int64_t));
+        if (total * isz < (1 << 16)) { /* a few microseconds at most: not worth releasing the GIL */
+            copy_rows(base, table.buf, rows, isz);
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            copy_rows(base, table.buf, rows, isz);
+            Py_END_ALLOW_THREADS
         }
     }
-    for (Py_ssize_t i = n_src; i < n; i++) /* a destination sharing memory with any other array: numpy does it */
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (j != i && base[i] < base[j] + views[j].len && base[j] < base[i] + views[i].len) {
-                result = Py_False;
-                Py_INCREF(result);
-                goto done;
-            }
-    if (total * isz < (1 << 16)) { /* a few microseconds at most: not worth releasing the GIL */
-        copy_rows(base, t, rows, isz);
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        copy_rows(base, t, rows, isz);
-        Py_END_ALLOW_THREADS
-    }
-    result = Py_True;
-    Py_INCREF(result);
-done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
     PyBuffer_Release(&table);
     Py_DECREF(seq);
-    return result;
+    if (ok < 0)
+        return NULL;
+    return PyBool_FromLong(ok);
 }
 
 static PyMethodDef methods[] = {
@@ -379,6 +383,16 @@ static PyMethodDef methods[] = {
      "(the first n_src) then destinations, C-contiguous; table: int64 rows (src, dst, src_off, dst_off, count, "
      "len, src_step) in elements; False (nothing copied) when an array is not such a buffer of the item size, is "
      "smaller than the table needs, or a destination shares memory with another array."},
+    {"copy_runs_plan", copy_runs_plan, METH_VARARGS,
+     "copy_runs_plan(arrays, n_src, table, itemsize) -> copy_runs bound to these arrays as a step of a direct call's "
+     "chain (a capsule), or None when copy_runs would decline them (see _kernels_bound.c)."},
+    {"gelu_plan", gelu_plan, METH_VARARGS,
+     "gelu_plan(x, out) -> gelu(x, out) bound to these arrays as a step of a direct call's chain (a capsule), or "
+     "None when they are not C-contiguous float32 arrays of one length (see _kernels_bound.c)."},
+    {"copy_plan", copy_plan, METH_VARARGS,
+     "copy_plan(src, dst) -> dst[...] = src bound to these arrays as a step of a direct call's chain (a capsule): "
+     "src any strided view, dst C-contiguous, writable, of src's shape and format; None otherwise or when they "
+     "share memory (see _kernels_bound.c)."},
     {NULL, NULL, 0, NULL},
 };
 

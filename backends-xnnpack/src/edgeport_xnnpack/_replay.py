@@ -24,7 +24,13 @@ import numpy as np
 if TYPE_CHECKING:
     from edgeport_xnnpack._host import HostSegment
 
-__all__ = ["TRANSPOSE_KERNEL_MIN", "SegmentBinding", "bind_program", "bind_view_copy", "is_view_of"]
+__all__ = ["IO_CHECK", "TRANSPOSE_KERNEL_MIN", "SegmentBinding", "bind_program", "bind_reshape_copy", "bind_view_copy",
+           "is_view_of"]
+
+try:  # optional, built with the C glue when a compiler is present
+    from edgeport_xnnpack._kernels import copy_plan as _copy_plan
+except ImportError:  # pragma: no cover - no compiler at install time
+    _copy_plan = None
 
 _F32 = np.dtype(np.float32)
 #: from this many elements a transposed copy runs on the transpose kernel (``_host._transposed_into``); below
@@ -32,6 +38,12 @@ _F32 = np.dtype(np.float32)
 TRANSPOSE_KERNEL_MIN = 4096
 
 Thunk = Callable[[], Any]
+
+#: the ``plan`` of a thunk that only checks the delegate's own inputs and outputs: a direct call's chain leaves it
+#: out, since the chain checks those very arrays itself before any step (``_direct``). Any other thunk may carry a
+#: ``plan`` attribute too: a callable making the same call as a bound step of the chain (``_step.h``; ``None`` when
+#: the C kernel refuses the arrays, and the thunk stays a Python call).
+IO_CHECK = "io-check"
 
 
 def is_view_of(v: np.ndarray, a: np.ndarray) -> bool:
@@ -53,9 +65,23 @@ def bind_view_copy(compute: Callable[[Sequence[np.ndarray]], np.ndarray],
         if not (is_view_of(r, xs[0]) and is_view_of(dst, out)):
             return partial(into, xs, out)
         if dst.dtype == r.dtype:
-            return partial(dst.__setitem__, Ellipsis, r)
+            thunk = partial(dst.__setitem__, Ellipsis, r)
+            if _copy_plan is not None:
+                thunk.plan = partial(_copy_plan, r, dst)  # type: ignore[attr-defined]
+            return thunk
         return partial(np.copyto, dst, r, casting="same_kind")
     return bind
+
+
+def bind_reshape_copy(xs: Sequence[np.ndarray], out: np.ndarray) -> Thunk:
+    """``HostOp.bind`` of a reshape (or copy) node computed into ``out``: one ``np.copyto`` into ``out`` seen in
+    the input's shape (``out`` is C-contiguous: a view), with the strided copy's ``plan``."""
+    src = xs[0]
+    dst = out.reshape(src.shape)
+    thunk = partial(np.copyto, dst, src)
+    if _copy_plan is not None and is_view_of(dst, out) and dst.dtype == src.dtype:
+        thunk.plan = partial(_copy_plan, src, dst)  # type: ignore[attr-defined]
+    return thunk
 
 
 def bind_program(segment: HostSegment, env: dict[int, np.ndarray]) -> list[Thunk] | None:
@@ -117,7 +143,17 @@ class SegmentBinding:
         if bound is None or segment.copies is not None or segment.blas is not None or \
                 len(arrays) != len(bound[0]) or not all(map(is_, arrays, bound[0])):
             return None
-        return ([partial(self.check, arrays)] if self.expected else []) + bound[1]
+        if not self.expected:
+            return list(bound[1])
+        check = partial(self.check, arrays)
+        check.plan = IO_CHECK  # type: ignore[attr-defined]
+        return [check, *bound[1]]
+
+    def plan(self, arrays: Sequence[np.ndarray]) -> Any:
+        """A segment that only moves data (its copy plan) on these arrays as a bound step of a direct call's chain,
+        which checks the arrays ``expect`` names itself; else ``None``."""
+        copies = self.segment.copies
+        return None if copies is None or len(arrays) != len(self.vids) else copies.plan(arrays)
 
     def check(self, arrays: Sequence[np.ndarray]) -> None:
         """Raise ``ValueError`` unless the arrays ``expect`` names are what it expects."""
