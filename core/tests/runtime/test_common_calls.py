@@ -173,3 +173,39 @@ def test_index_put_at_one_position_matches_fancy_indexing():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(Exception, match="index"):
         index_put_inplace(np.zeros((2, 3)), [None, np.array([3])], np.zeros(1), False)
+
+
+def _six_kernels(x: np.ndarray, s: float, dim: int, fill: float, q: np.ndarray) -> np.ndarray:
+    """What the unfused eq / logical_not / any / logical_not / full_like / where compute (the oracle)."""
+    d = np.logical_not(np.any(np.logical_not(np.equal(x, s)), axis=dim, keepdims=True))
+    return np.where(d, np.full(q.shape, fill, q.dtype), q)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("s", [float("-inf"), float("inf"), 0.0])
+def test_masked_row_guard_on_bytes_that_look_like_the_fill(dtype, s):
+    """The guard's shortcut searches a small input's bytes for an infinite ``s``: a match across two elements, a
+    large input (the exact test only), fully matching rows, NaN and -0.0 give what the six kernels give."""
+    from edgeport.runtime._fuse import _guard_op
+    from edgeport.runtime.portable.elementwise import where_out
+
+    rng = np.random.default_rng(1)
+    cases = []
+    straddle = np.zeros((2, 3, 4), np.float32)  # bytes 00 00 80 ff across elements 0 and 1 of a row
+    straddle.reshape(-1)[:2] = np.array([0x00001234, 0x3F00FF80], np.uint32).view(np.float32)
+    cases.append(straddle.astype(dtype) if dtype is np.float32 else straddle.astype(dtype))
+    for shape in ((1, 4, 8, 8), (1, 2, 96, 96)):  # below and above the searched size
+        x = rng.standard_normal(shape).astype(dtype)
+        cases.append(x.copy())
+        x[..., 1, :] = s  # a fully matching row
+        x[..., 2, 3:] = s  # a causal-like row
+        cases.append(x.copy())
+        x[..., 0, 0] = np.nan
+        x[..., 3, :] = -0.0 if s == 0.0 else x[..., 3, :]
+        cases.append(x)
+    guard = _guard_op(s, -1, True, 0.0, np.dtype(dtype), where_out)
+    for x in cases * 2:  # twice: the second pass starts from the first-element state the first one left
+        q = rng.random(x.shape).astype(dtype)
+        out = np.full(x.shape, 7, dtype)
+        got = guard(x, q, None, q, out)
+        np.testing.assert_array_equal(got, _six_kernels(x, s, -1, 0.0, q))

@@ -36,20 +36,47 @@ _FIRST = [(slice(None),) * k + (0,) for k in range(64)]
 _GUARD = ("aten::eq.Scalar_out", "aten::logical_not.out", "aten::any.out", "aten::logical_not.out")
 
 
+#: an input of at most this many bytes is searched for the bytes of an infinite ``s`` (below)
+_SEARCH_BYTES = 1 << 16
+
+
+def _inf_bytes(s: Any, dtype: np.dtype) -> bytes | None:
+    """The bytes of ``s`` in ``dtype`` when ``s`` is an infinity of a float dtype (the mask fill ``-inf``): the one
+    bit pattern that compares equal to it, so an input whose bytes do not contain it has no element equal to ``s``
+    (a pattern found across two elements only sends the guard to the exact test)."""
+    if dtype.kind != "f" or not isinstance(s, (float, np.floating)) or not np.isinf(s):
+        return None
+    return np.array(s, dtype).tobytes()
+
+
 def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
               where: Callable[..., Any]) -> Callable[..., Any]:
 
     #: whether the last call's rows were told apart by their first elements only (a causal mask in a decode step:
     #: many matches, but position 0 visible); only picks which exact test runs first
     first_only = [False]
+    patterns: dict[np.dtype, bytes | None] = {}  # _inf_bytes(s, dtype) by the input's dtype
+    shapes: dict[tuple, tuple[int, ...]] = {}  # the result's shape by the input's and the kept operand's
+
+    def no_match(x) -> bool:
+        """Whether a small input's bytes show that no element equals ``s`` (``False``: unknown)."""
+        if x.nbytes > _SEARCH_BYTES:
+            return False
+        pattern = patterns.get(x.dtype, b"")
+        if pattern == b"":
+            pattern = patterns[x.dtype] = _inf_bytes(s, x.dtype)
+        return pattern is not None and pattern not in x.tobytes()
 
     def no_full_row(x, ax):
         """Whether no row along ``ax`` equals ``s`` throughout (else ``None``: unknown, run the reduction)."""
         if first_only[0]:
-            if not np.count_nonzero(x[_FIRST[ax]] == s):
+            first = x[_FIRST[ax]]
+            if no_match(first) or not np.count_nonzero(first == s):
                 return True
             first_only[0] = False
             return None
+        if no_match(x):
+            return True
         e = np.equal(x, s)
         if np.count_nonzero(e) < x.shape[ax]:  # fewer matches than a row has elements
             return True
@@ -58,16 +85,26 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
             return True
         return None
 
+    axes: dict[int, int] = {}  # normalize_dim(dim, rank) by rank
+
     def masked_row_guard(x, v, p, q, out):
         if x.ndim:  # all(x == s) along dim: one comparison and one reduction (the same as not any(x != s))
-            ax = normalize_dim(dim, x.ndim)
+            ax = axes.get(x.ndim)
+            if ax is None:
+                ax = axes[x.ndim] = normalize_dim(dim, x.ndim)
             if p is None and q is not None and x.shape[ax] and no_full_row(x, ax):
                 # no row matches throughout: d is False everywhere and where(d, fill, q) is q
-                dshape = x.shape[:ax] + ((1,) if keepdim else ()) + x.shape[ax + 1:]
-                shape = broadcast_shape(dshape, q.shape if q.__class__ is np.ndarray else np.shape(q))
+                q_shape = q.shape if q.__class__ is np.ndarray else np.shape(q)
+                shape = shapes.get((x.shape, q_shape))
+                if shape is None:
+                    dshape = x.shape[:ax] + ((1,) if keepdim else ()) + x.shape[ax + 1:]
+                    shape = shapes[(x.shape, q_shape)] = broadcast_shape(dshape, q_shape)
                 if shape != out.shape:
                     out = resize(out, shape)
-                np.copyto(out, q, casting="unsafe")
+                if q.__class__ is np.ndarray and q.dtype == out.dtype:
+                    out[...] = q  # one copy (np.copyto's keyword handling costs more than the copy here)
+                else:
+                    np.copyto(out, q, casting="unsafe")
                 return out
             d = np.logical_and.reduce(np.equal(x, s), axis=ax, keepdims=keepdim)
         else:
