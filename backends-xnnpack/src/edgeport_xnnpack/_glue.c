@@ -457,6 +457,21 @@ static int raise_status(Binding *self, const char *call, int status) {
     return -1;
 }
 
+/* The library's invoke (a runtime) or run (an operator) call, set up already, without the GIL; its wall time is
+ * added to run_ns. The caller holds the binding busy. */
+static int invoke_timed(Binding *self) {
+    void *h = self->handle, *fn = self->run_fn, *pool = self->pool;
+    int kind = self->kind, status;
+    long long t0 = 0, t1 = 0;
+    Py_BEGIN_ALLOW_THREADS
+    t0 = now_ns();
+    status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
+    t1 = now_ns();
+    Py_END_ALLOW_THREADS
+    self->run_ns += t1 - t0;
+    return status;
+}
+
 static PyObject *Binding_run(Binding *self, PyObject *arrays) {
     if (self->ext == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Binding is not initialized");
@@ -600,16 +615,8 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
             }
         }
         if (status == 0) {
-            void *h = self->handle, *fn = self->run_fn, *pool = self->pool;
-            int kind = self->kind;
-            call = kind == KIND_RUNTIME ? "xnn_invoke_runtime" : "xnn_run_operator";
-            long long t0 = 0, t1 = 0;
-            Py_BEGIN_ALLOW_THREADS
-            t0 = now_ns();
-            status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
-            t1 = now_ns();
-            Py_END_ALLOW_THREADS
-            self->run_ns += t1 - t0;
+            call = self->kind == KIND_RUNTIME ? "xnn_invoke_runtime" : "xnn_run_operator";
+            status = invoke_timed(self);
         }
     }
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&self->views[i]);
@@ -657,19 +664,11 @@ static int binding_step_run(edgeport_step *s) {
     }
     b->busy = 1;
     if (shared != NULL) shared[1] = 1;
-    void *h = b->handle, *fn = b->run_fn, *pool = b->pool;
-    int kind = b->kind, status;
-    long long t0 = 0, t1 = 0;
-    Py_BEGIN_ALLOW_THREADS
-    t0 = now_ns();
-    status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
-    t1 = now_ns();
-    Py_END_ALLOW_THREADS
-    b->run_ns += t1 - t0;
+    int status = invoke_timed(b);
     if (shared != NULL) shared[1] = 0;
     b->busy = 0;
     if (status != 0) {
-        raise_status(b, kind == KIND_RUNTIME ? "xnn_invoke_runtime" : "xnn_run_operator", status);
+        raise_status(b, b->kind == KIND_RUNTIME ? "xnn_invoke_runtime" : "xnn_run_operator", status);
         return -1;
     }
     return 0;

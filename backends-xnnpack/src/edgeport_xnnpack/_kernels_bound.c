@@ -42,6 +42,18 @@ static void release_two(PyObject **held, void *step) {
     PyMem_Free(step);
 }
 
+/* A heap copy of ``step`` (``size`` bytes: an edgeport_step, then held[2] = {a, b}, then its own fields) as a
+ * capsule, holding a and b. */
+static PyObject *two_array_step(const void *step, size_t size, PyObject *a, PyObject *b) {
+    void *p = PyMem_Malloc(size);
+    if (p == NULL)
+        return PyErr_NoMemory();
+    memcpy(p, step, size);
+    Py_INCREF(a);
+    Py_INCREF(b);
+    return edgeport_step_capsule((edgeport_step *)p);
+}
+
 static void gelu_step_release(edgeport_step *s) {
     release_two(((gelu_step *)s)->held, s);
 }
@@ -67,13 +79,7 @@ PyObject *gelu_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     PyBuffer_Release(&out);
     if (!fits)
         Py_RETURN_NONE;
-    gelu_step *p = PyMem_Malloc(sizeof(gelu_step));
-    if (p == NULL)
-        return PyErr_NoMemory();
-    *p = g;
-    Py_INCREF(src);
-    Py_INCREF(dst);
-    return edgeport_step_capsule(&p->base);
+    return two_array_step(&g, sizeof g, src, dst);
 }
 
 typedef struct {
@@ -170,13 +176,7 @@ PyObject *copy_plan(PyObject *Py_UNUSED(module), PyObject *args) {
     PyBuffer_Release(&out);
     if (!fits)
         Py_RETURN_NONE;
-    copy_step *p = PyMem_Malloc(sizeof(copy_step));
-    if (p == NULL)
-        return PyErr_NoMemory();
-    *p = c;
-    Py_INCREF(src);
-    Py_INCREF(dst);
-    return edgeport_step_capsule(&p->base);
+    return two_array_step(&c, sizeof c, src, dst);
 }
 
 /* copy_runs_plan(arrays, n_src, table, itemsize): copy_runs on these arrays (a data-moving host segment's), its

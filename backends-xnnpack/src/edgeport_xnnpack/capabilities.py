@@ -16,6 +16,7 @@ the remaining quantize / dequantize nodes into ``XNNConvert`` nodes, so the floa
 from __future__ import annotations
 
 import importlib
+import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
@@ -248,10 +249,41 @@ def _bmm(node: Any) -> str | None:
     return None if rank(node.args[0]) == rank(node.args[1]) == 3 else "bmm needs 3-D operands"
 
 
+#: a broadcasting expand is claimed up to this many copies of its input (concatenations: ``preprocess/ops/expand``)
+EXPAND_MAX_COPIES = 16
+#: ops a value passes through unchanged on its way to an expand (looked through to find what it expands)
+_VIEW_OPS = ("view_copy", "_unsafe_view", "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy",
+             "alias_copy", "clone", "permute_copy")
+#: the writes of a KV cache (what a cache's expand reads through)
+_CACHE_WRITES = ("index_put", "index_put_", "index_copy", "index_copy_")
+
+
+def _short_name(node: Any) -> str:
+    """``view_copy`` of ``aten.view_copy.default``."""
+    parts = _op_name(node).split(".")
+    return parts[1] if len(parts) == 3 else ".".join(parts)
+
+
 def _expand(node: Any) -> str | None:
     a, b = node.args[0].meta.get("val"), node.meta.get("val")
-    if [str(d) for d in getattr(a, "shape", ())] != [str(d) for d in getattr(b, "shape", ())]:
-        return "expand that broadcasts (only the no-op expand is supported)"
+    if [str(d) for d in getattr(a, "shape", ())] == [str(d) for d in getattr(b, "shape", ())]:
+        return None
+    src, out = shape(node.args[0]), shape(node)
+    if src is None or out is None:
+        return "expand that broadcasts with dynamic dims"
+    padded = (1,) * (len(out) - len(src)) + src
+    if len(padded) != len(out) or any(i != o and i != 1 for i, o in zip(padded, out, strict=True)):
+        return f"expand of {list(src)} to {list(out)}"
+    copies = math.prod(o for i, o in zip(padded, out, strict=True) if i != o)
+    if copies > EXPAND_MAX_COPIES:
+        return f"expand into {copies} copies (over {EXPAND_MAX_COPIES}: a mask or a cache, left to the runtime)"
+    origin = node.args[0]
+    while _is_node(origin) and origin.op == "call_function" and _short_name(origin) in _VIEW_OPS:
+        origin = origin.args[0]
+    if not _is_node(origin) or origin.op != "call_function" or _short_name(origin) in _CACHE_WRITES:
+        # a KV cache (a buffer, or the index_put updating it) or an input: edgeport's runtime keeps a cache's
+        # expand persistent across decode steps, copying only the rows a step writes
+        return "expand of a program input, buffer or cache"
     return None
 
 
@@ -400,7 +432,10 @@ CAPABILITIES = CapabilityTable((
     _cap("aten.view_copy.default", notes="static reshape"),
     _cap("aten._unsafe_view.default"), _cap("aten.squeeze_copy.dims"), _cap("aten.squeeze_copy.dim"),
     _cap("aten.unsqueeze_copy.default"), _cap("aten.clone.default", notes="identity reshape"),
-    _cap("aten.expand_copy.default", _expand, notes="no-op expands only"),
+    _cap("aten.alias_copy.default", notes="identity reshape"),
+    _cap("aten.expand_copy.default", _expand, notes="no-op, or broadcasting size-1 dims into at most "
+         f"{EXPAND_MAX_COPIES} copies of a value computed in the graph (grouped-query attention's repeat_kv; not a "
+         "cache or input): concatenations, " + _HOST),
     _cap("aten.permute_copy.default", notes="static transpose; on edgeport's runtime a 2-D transpose (e.g. NCHW <-> "
          "NHWC) runs on XNNPACK's channel-shuffle operator, one moving only size-1 dims is a reshape, others are "
          "host steps (libXNNPACK 2022 has no transpose node); native on ExecuTorch's"),

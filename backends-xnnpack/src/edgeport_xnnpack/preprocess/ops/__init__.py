@@ -6,6 +6,7 @@ from edgeport_xnnpack.preprocess.ops import (  # noqa: F401
     cat,
     clamp,
     conv,
+    expand,
     layer_norm,
     linear,
     matmul,

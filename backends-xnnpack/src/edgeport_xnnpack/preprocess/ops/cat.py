@@ -24,18 +24,23 @@ def cat(b: GraphBuilder, node: Any) -> None:
         b.add("XNNStaticReshape", num_dims=rank, new_shape=out.dims, input_id=vals[0].id, output_id=out.id)
         b.set(node, out)
         return
-    while len(vals) > 1:
+    concatenate(b, vals, dim, axis, layout, node)
+
+
+def concatenate(b: GraphBuilder, vals: list[Val], dim: int, axis: int, layout: str, node: Any = None) -> Val:
+    """``vals`` (two or more, in ``layout``) joined along logical ``dim`` (XNNPACK ``axis``): XNNConcatenate2..5,
+    each further group of up to four joined to the result so far; the result is ``node``'s output when given."""
+    while True:
         group, vals = vals[:5], vals[5:]
         shape = list(group[0].shape)
         shape[dim] = sum(v.shape[dim] for v in group)
         final = not vals
-        out = b.output_of(node, layout) if final else b.new_val(tuple(shape), layout)
+        out = b.output_of(node, layout) if final and node is not None else b.new_val(tuple(shape), layout)
         if final and out.layout != layout:
             out = b.new_val(out.shape, layout)
         ids = [v.id for v in group] + [INVALID_ID] * (5 - len(group))
         b.add(f"XNNConcatenate{len(group)}", axis=axis, input1_id=ids[0], input2_id=ids[1], input3_id=ids[2],
               input4_id=ids[3], input5_id=ids[4], output_id=out.id, flags=0)
         if final:
-            b.set(node, out)
-        else:
-            vals = [Val(out.id, layout, tuple(shape))] + vals
+            return b.set(node, out) if node is not None else out
+        vals = [Val(out.id, layout, tuple(shape))] + vals

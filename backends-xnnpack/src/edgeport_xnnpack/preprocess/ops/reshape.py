@@ -1,5 +1,5 @@
-"""view / squeeze / unsqueeze / clone / no-op expand -> a pending view (see preprocess.views), else
-XNNStaticReshape (clone: an identity reshape)."""
+"""view / squeeze / unsqueeze / clone / alias -> a pending view (see preprocess.views), else XNNStaticReshape (clone: an
+identity reshape); a no-op expand too (:mod:`.expand`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _eager(b: GraphBuilder, node: Any) -> None:
 
 
 @lowers("aten.view_copy.default", "aten._unsafe_view.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
-        "aten.unsqueeze_copy.default", "aten.clone.default", "aten.expand_copy.default")
+        "aten.unsqueeze_copy.default", "aten.clone.default", "aten.alias_copy.default")
 def reshape(b: GraphBuilder, node: Any) -> None:
     shape = tuple(node.meta["val"].shape)
     if b.views is not None and b.views.defer(node, lambda i: i.reshape(shape), lambda: _eager(b, node)):
