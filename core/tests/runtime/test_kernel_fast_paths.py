@@ -178,12 +178,16 @@ def test_unsqueeze_copy_matches_expand_dims(dim):
 def test_embedding_single_and_many_indices():
     emb = K["aten::embedding.out"]
     w = np.arange(40, dtype=np.float32).reshape(10, 4)
-    for idx in (np.array([[3]]), np.array([[0, 9, 4]]), np.array([[7]], np.int32), np.array([], np.int64)):
-        got = emb(w, idx, -1, False, False, np.zeros((1, 8, 4), np.float32))
+    many = (np.arange(300) * 7 % 10).reshape(1, 300)  # past the list check: the numpy reduction
+    for idx in (np.array([[3]]), np.array([[0, 9, 4]]), np.array([[7]], np.int32), np.array([], np.int64), many):
+        got = emb(w, idx, -1, False, False, np.zeros((1, max(8, idx.size), 4), np.float32))
         np.testing.assert_array_equal(got, w[idx])
-    for bad in (np.array([[10]]), np.array([[-1]]), np.array([[1, -1]]), np.array([[2, 10]], np.int32)):
+    many_bad = many.copy()
+    many_bad[0, 299] = -3
+    for bad in (np.array([[10]]), np.array([[-1]]), np.array([[1, -1]]), np.array([[2, 10]], np.int32), many_bad,
+                np.array([[2, 2**40]])):
         with pytest.raises(RuntimeExecutionError, match="out of range"):
-            emb(w, bad, -1, False, False, np.zeros((1, 8, 4), np.float32))
+            emb(w, bad, -1, False, False, np.zeros((1, max(8, bad.size), 4), np.float32))
 
 
 def test_index_put_accumulate_takes_the_general_path():

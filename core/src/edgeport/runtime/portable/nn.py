@@ -481,6 +481,8 @@ def log_softmax_int_out(self, dim, dtype, out):
 
 # --------------------------------------------------------------------------------------------- embedding
 _UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
+#: up to this many indices are range-checked as a Python list (~1 us) rather than by a numpy reduction (~3 us)
+_FEW_INDICES = 256
 
 
 @kernel("aten::embedding.out")
@@ -488,6 +490,9 @@ def embedding_out(weight, indices, padding_idx, scale_grad_by_freq, sparse, out)
     unsigned = _UNSIGNED.get(indices.dtype)
     if unsigned is not None and indices.size == 1:  # one token (a decode step)
         bad = not 0 <= indices.item() < weight.shape[0]
+    elif unsigned is not None and indices.size <= _FEW_INDICES:  # a short prompt: Python's min / max of a list
+        values = indices.ravel().tolist()
+        bad = bool(values) and (min(values) < 0 or max(values) >= weight.shape[0])
     elif unsigned is not None:  # one reduction: seen unsigned, a negative index is larger than any row count
         bad = indices.size and int(indices.view(unsigned).max()) >= weight.shape[0]
     else:
