@@ -242,3 +242,44 @@ def test_hugging_face_models_give_the_same_bits_with_the_chain(name, monkeypatch
         want = (out if isinstance(out, torch.Tensor) else out[0]).numpy()
         assert rel_err(got[0], want) < 1e-4
     assert chains and all(bound == entries for entries, bound in chains), chains  # no Python call left
+
+
+def _at_page_end(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array whose last byte is the last byte of a page (XNNPACK may read past it: the binding stages it)."""
+    import mmap
+
+    n, page = int(np.prod(shape)), mmap.PAGESIZE
+    raw = np.empty(n + page // 4 + 16, np.float32)
+    addr = raw.ctypes.data
+    end = ((addr + n * 4) // page + 1) * page
+    start = (end - n * 4 - addr) // 4
+    a = raw[start:start + n].reshape(shape)
+    assert (a.ctypes.data + a.nbytes) % page == 0
+    return a
+
+
+@needs_xnnpack
+def test_an_input_at_a_page_end_is_staged_by_the_bound_step():
+    from test_executor_plan import D, S, attention_blob, attention_reference
+
+    from edgeport_xnnpack.runtime import XnnpackExecutor
+
+    blob, c = attention_blob()
+    ex = XnnpackExecutor(num_threads=1)
+    h, fresh = ex.init(memoryview(blob), []), ex.init(memoryview(blob), [])
+    rng = np.random.default_rng(5)
+    x = _at_page_end((1, S, D))
+    outs = [np.empty((S, 1, D), np.float32), np.empty((1, S, S), np.float32)]
+    for _ in range(5):
+        x[...] = rng.standard_normal((1, S, D))
+        got = ex.execute(h, [x], out=outs)
+        want = ex.execute(fresh, [x.copy()])  # another handle on other arrays: the per-step path
+        for g, w, r in zip(got, want, attention_reference(x, c), strict=True):
+            np.testing.assert_array_equal(_bits(g), _bits(w))
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+    staged = [s.glue()[0].staged for s in h.steps if s.glue() is not None and hasattr(s.glue()[0], "staged")]
+    assert any(staged), staged  # the input was staged by its binding...
+    cells = dict(zip(h.direct.__code__.co_freevars, (c.cell_contents for c in h.direct.__closure__), strict=True))
+    assert cells["state"][0].counts == (7, 6)  # ...and its step is still bound (the host multiply stays numpy)
+    ex.destroy(h)
+    ex.destroy(fresh)

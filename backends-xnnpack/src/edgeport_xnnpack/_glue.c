@@ -635,14 +635,23 @@ static PyObject *Binding_run(Binding *self, PyObject *arrays) {
 
 /* Binding.plan: the binding as a step of a direct call's chain (_step.h, _chain.c). Its run invokes the runtime or
  * operator straight away while nothing changed since it was made (the binding is set up with the very addresses
- * it saw then, no call in progress, the shared operator set up by this binding); otherwise it runs ``run`` on the
- * arrays it holds, which checks everything again. The chain checks the caller's arrays before any step runs. */
+ * it saw then, no call in progress, the shared operator set up by this binding; an input ``run`` staged in its
+ * padded copy is copied there first, as ``run`` does); otherwise it runs ``run`` on the arrays it holds, which checks
+ * everything again. The chain checks the caller's arrays before any step runs. */
+typedef struct {
+    const void *src;
+    void *dst;
+    size_t len;
+} staging; /* an input near a page end, copied into the binding's padded copy before each invoke */
+
 typedef struct {
     edgeport_step base;
     Binding *binding;
     PyObject *arrays; /* the tuple ``run`` takes when the quick way is closed */
     void **ptrs;      /* ext[i].data when the step was made */
     Py_ssize_t n;
+    staging *staged;  /* n_staged entries */
+    Py_ssize_t n_staged;
 } binding_step;
 
 static int binding_step_run(edgeport_step *s) {
@@ -664,6 +673,8 @@ static int binding_step_run(edgeport_step *s) {
     }
     b->busy = 1;
     if (shared != NULL) shared[1] = 1;
+    for (Py_ssize_t i = 0; i < p->n_staged; i++)
+        memcpy(p->staged[i].dst, p->staged[i].src, p->staged[i].len);
     int status = invoke_timed(b);
     if (shared != NULL) shared[1] = 0;
     b->busy = 0;
@@ -679,6 +690,7 @@ static void binding_step_release(edgeport_step *s) {
     Py_XDECREF((PyObject *)p->binding);
     Py_XDECREF(p->arrays);
     PyMem_Free(p->ptrs);
+    PyMem_Free(p->staged);
     PyMem_Free(p);
 }
 
@@ -686,36 +698,47 @@ static PyObject *Binding_plan(Binding *self, PyObject *arrays) {
     if (self->ext == NULL || self->handle == NULL || self->busy || !self->valid) Py_RETURN_NONE;
     PyObject *seq = as_tuple(arrays, "arrays must be a sequence");
     if (seq == NULL) return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq), n_staged = 0;
     void **ptrs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(void *));
-    if (ptrs == NULL) {
+    staging *staged = PyMem_Calloc((size_t)(n ? n : 1), sizeof(staging));
+    if (ptrs == NULL || staged == NULL) {
+        PyMem_Free(ptrs);
+        PyMem_Free(staged);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
     int fits = n == self->n;
-    for (Py_ssize_t i = 0; fits && i < n; i++) { /* each array is what the last setup bound (not a staged copy) */
+    for (Py_ssize_t i = 0; fits && i < n; i++) { /* each array is what the last setup bound, or its staged copy */
         Py_buffer v;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(seq, i), &v, PyBUF_SIMPLE) != 0) {
             PyErr_Clear();
             fits = 0;
             break;
         }
-        ptrs[i] = v.buf;
-        fits = v.len == self->nbytes[i] && (v.len == 0 || v.buf == self->ext[i].data) && self->stage[i] == NULL;
+        fits = v.len == self->nbytes[i];
+        if (fits && v.len > 0 && v.buf != self->ext[i].data) { /* an input near a page end: its padded copy */
+            fits = !self->is_output[i] && self->stage[i] != NULL && self->ext[i].data == self->stage[i] &&
+                   near_page_end(v.buf, (size_t)v.len, self->extra, self->page);
+            staged[n_staged].src = v.buf;
+            staged[n_staged].dst = self->stage[i];
+            staged[n_staged].len = (size_t)v.len;
+            n_staged += fits;
+        }
         PyBuffer_Release(&v);
     }
     /* exporting may have run Python code: the binding must still be as it was */
     fits = fits && self->ext != NULL && self->handle != NULL && !self->busy && self->valid && self->n == n;
-    for (Py_ssize_t i = 0; fits && i < n; i++) fits = ptrs[i] == self->ext[i].data || self->nbytes[i] == 0;
     for (Py_ssize_t i = 0; fits && i < n; i++) ptrs[i] = self->ext[i].data;
     if (!fits) {
         PyMem_Free(ptrs);
+        PyMem_Free(staged);
         Py_DECREF(seq);
         Py_RETURN_NONE;
     }
     binding_step *p = PyMem_Calloc(1, sizeof(binding_step));
     if (p == NULL) {
         PyMem_Free(ptrs);
+        PyMem_Free(staged);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
@@ -726,6 +749,8 @@ static PyObject *Binding_plan(Binding *self, PyObject *arrays) {
     p->arrays = seq;
     p->ptrs = ptrs;
     p->n = n;
+    p->staged = staged;
+    p->n_staged = n_staged;
     return edgeport_step_capsule(&p->base);
 }
 
