@@ -131,7 +131,7 @@ def render_busy(results: list[dict[str, Any]], meta: dict[str, str], args: argpa
     if loads:
         L += ["", "edgeport's load gauge over the run (`ThreadPool.load_stats()`): calls run on the caller alone "
               "because other programs kept the other CPUs busy / calls on fewer threads than the pool has / "
-              "reads of `/proc/loadavg`; other programs' runnable threads at the end:", ""]
+              "reads of `/proc/stat`; cores other programs kept busy (average) at the end:", ""]
         L.append("; ".join(f"{r['name']}: {s['solo']} / {s['limited']} / {s['reads']}; {s['others']:.2f}"
                            for r in loads for s in [r["load_stats"]]))
     return "\n".join(L) + "\n"

@@ -18,11 +18,15 @@
  *  - contention: when the caller had to wait for a joined worker much longer than the chunks take (the worker was
  *    preempted mid-chunk), the pool runs the next calls on the caller alone for a back-off period (20 ms, doubling
  *    up to 1.28 s while it keeps happening), then tries the workers again;
- *  - load: at most every LOAD_PERIOD_NS a call reads the number of runnable threads of the machine (the 4th field
- *    of /proc/loadavg), subtracts its own running ones (the caller and the workers not parked) and keeps a short
- *    average of the others; the call then uses at most (online CPUs - others, rounded) threads: with one core of
+ *  - load: at most every LOAD_PERIOD_NS a call reads the machine's CPU time (the "cpu" line of /proc/stat) and
+ *    this process's (CLOCK_PROCESS_CPUTIME_ID); over the window since the last read, the cores kept busy by other
+ *    programs are the machine's busy share times the online CPUs minus this process's CPU time over the wall time,
+ *    kept as a short average; the call then uses at most (online CPUs - others, rounded) threads: with one core of
  *    two busy the pool runs on the caller alone instead of waiting for a worker that shares a core, and returns to
- *    all threads when the other program stops (edgeport_pool_set_load_gauge: period, file, CPU count, for tests);
+ *    all threads when the other program stops (edgeport_pool_set_load_gauge: period, file, CPU count, for tests).
+ *    CPU time, not the runnable count of /proc/loadavg, which an earlier version read: a sample of that count
+ *    catches threads that run for microseconds (and this pool's own workers between a wake and a park), and on an
+ *    idle 2-CPU host it took the second thread away from ~40% of the calls;
  *  - a parallelize call on a pool already running another call (another thread) or from inside a task runs on
  *    the calling thread instead of waiting; a single-item call always does.
  * Results do not depend on the split: every item is computed by one call of the task function.
@@ -60,8 +64,8 @@
 #define LATE_NS 200000LL           /* a wait this much longer than the chunks take: a worker was preempted */
 #define BACKOFF_MIN_NS 20000000LL  /* solo period after the first late wait */
 #define BACKOFF_MAX_NS 1280000000LL
-#define LOAD_PERIOD_NS 10000000LL   /* how often a call re-reads the machine's runnable thread count */
-#define LOAD_PATH "/proc/loadavg"
+#define LOAD_PERIOD_NS 50000000LL   /* how often a call re-reads the machine's CPU time (the window's length) */
+#define LOAD_PATH "/proc/stat"
 #define OPEN_BIT (1ull << 31)
 #define ACTIVE_MASK (OPEN_BIT - 1)
 #define MAX_THREADS 1024
@@ -106,10 +110,13 @@ struct pool {
     _Atomic int64_t spin_ns;
     int64_t backoff_min_ns;
     share_t *shares; /* [threads] */
-    /* load gauge (under call_lock): the file it reads (-1: off), when next, the CPUs it shares, the average number
-       of other runnable threads, the threads a call may use */
-    int load_fd, load_online;
+    /* load gauge (under call_lock): the file it reads (-1: off), when next, the CPUs it shares, the last read (the
+       machine's busy and total ticks, this process's CPU ns, the wall clock; load_have: it is valid), the average
+       number of cores other programs keep busy, the threads a call may use */
+    int load_fd, load_online, load_have;
     int64_t load_period_ns, load_next_ns;
+    uint64_t load_busy, load_total;
+    int64_t load_cpu_ns, load_wall_ns;
     double load_others;
     size_t load_limit;
     _Atomic uint64_t n_load_solo, n_load_reads, n_load_limited;
@@ -280,36 +287,61 @@ static void *worker_main(void *arg) {
 }
 
 /* -- the load gauge ------------------------------------------------------------------------------------------- */
-/* The runnable thread count of the machine: the number before '/' in the 4th field of a loadavg line
- * ("0.42 0.12 0.04 2/345 1234"); -1 when the file cannot be read or does not look like that. */
-static int read_runnable(int fd) {
-    char buf[160];
+/* The machine's CPU ticks from the first line of a /proc/stat file ("cpu  user nice system idle iowait irq softirq
+ * steal guest guest_nice"): busy = user + nice + system + irq + softirq, total = busy + idle + iowait + steal (guest
+ * time is already part of user). 0, or -1 when the file cannot be read or does not start like that. */
+static int read_ticks(int fd, uint64_t *busy, uint64_t *total) {
+    char buf[256];
     ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     if (n <= 0) return -1;
     buf[n] = 0;
-    char *s = buf;
-    for (int field = 0; field < 3; field++) {
-        s = strchr(s, ' ');
-        if (!s) return -1;
-        s++;
+    if (strncmp(buf, "cpu ", 4) != 0) return -1;
+    uint64_t v[8] = {0};
+    char *s = buf + 4;
+    int got = 0;
+    for (; got < 8; got++) {
+        while (*s == ' ') s++;
+        if (*s < '0' || *s > '9') break;
+        char *end;
+        v[got] = strtoull(s, &end, 10);
+        s = end;
     }
-    char *end;
-    long r = strtol(s, &end, 10);
-    if (end == s || *end != '/' || r < 0 || r > 1000000) return -1;
-    return (int)r;
+    if (got < 4) return -1;
+    *busy = v[0] + v[1] + v[2] + v[5] + v[6];
+    *total = *busy + v[3] + v[4] + v[7];
+    return 0;
 }
 
-/* Re-read the machine's load (at most once per period) and set how many threads the next calls may use. */
+static int64_t process_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return -1;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Re-read the machine's CPU time (at most once per period) and set how many threads the next calls may use: the
+ * cores busy over the window since the last read (online CPUs x busy ticks / all ticks) minus this process's CPU
+ * time over the same wall time are other programs' cores. A window in which the file's ticks did not advance (a
+ * period shorter than a tick) keeps the last read as the start of the next one. */
 static void gauge_update(pool_t *p, int64_t now) {
     p->load_next_ns = now + p->load_period_ns;
-    int runnable = read_runnable(p->load_fd);
+    uint64_t busy, total;
+    int64_t cpu = process_cpu_ns();
     atomic_fetch_add_explicit(&p->n_load_reads, 1, memory_order_relaxed);
-    if (runnable < 0) return; /* unreadable this time: keep the last limit */
-    uint32_t parked = atomic_load_explicit(&p->parked, memory_order_relaxed);
-    double own = 1.0 + (double)(p->threads - 1) - (double)(parked < p->threads ? parked : p->threads - 1);
-    double others = (double)runnable - own;
+    if (read_ticks(p->load_fd, &busy, &total) != 0 || cpu < 0) return; /* unreadable: keep the last limit */
+    int have = p->load_have;
+    uint64_t d_busy = busy - p->load_busy, d_total = total - p->load_total;
+    int64_t d_cpu = cpu - p->load_cpu_ns, d_wall = now - p->load_wall_ns;
+    if (have && (busy < p->load_busy || total < p->load_total || d_busy > d_total)) have = 0; /* counters reset */
+    if (have && (d_total == 0 || d_wall <= 0)) return;
+    p->load_busy = busy;
+    p->load_total = total;
+    p->load_cpu_ns = cpu;
+    p->load_wall_ns = now;
+    p->load_have = 1;
+    if (!have) return;
+    double others = (double)p->load_online * (double)d_busy / (double)d_total - (double)d_cpu / (double)d_wall;
     if (others < 0) others = 0;
-    p->load_others = 0.5 * p->load_others + 0.5 * others; /* one stray sample does not take a thread away */
+    p->load_others = 0.5 * p->load_others + 0.5 * others; /* one busy window does not take a thread away */
     double room = (double)p->load_online - p->load_others + 0.5;
     size_t limit = room < 1.0 ? 1 : (size_t)room;
     p->load_limit = limit < p->threads ? limit : p->threads;
@@ -455,6 +487,7 @@ EXPORT pool_t *pthreadpool_create(size_t threads) {
         p->threads = started;
     }
     p->load_limit = p->threads;
+    if (p->load_fd >= 0) gauge_update(p, now_ns()); /* the first window starts here */
     return p;
 }
 
@@ -559,7 +592,7 @@ EXPORT int edgeport_pool_set_policy(pool_t *p, int64_t spin_ns, int64_t backoff_
 }
 
 /* Set a pool's load gauge (edgeport_xnnpack.native.ThreadPool.set_load_gauge): re-read `path` (NULL:
- * /proc/loadavg) at most every `period_ns` (0: off, the pool always offers all its threads; else 1e5..1e10), as
+ * /proc/stat) at most every `period_ns` (0: off, the pool always offers all its threads; else 1e5..1e10), as
  * sharing `online` CPUs with the machine (0: the online CPU count). Returns 0, or -1 (nothing changed) for a value
  * out of range or a file that cannot be opened. Takes the call lock. */
 EXPORT int edgeport_pool_set_load_gauge(pool_t *p, int64_t period_ns, const char *path, int online) {
@@ -578,15 +611,17 @@ EXPORT int edgeport_pool_set_load_gauge(pool_t *p, int64_t period_ns, const char
     p->load_period_ns = period_ns;
     p->load_next_ns = 0;
     p->load_others = 0;
+    p->load_have = 0;
     p->load_online = online ? online : (sys_online > 0 ? (int)sys_online : 1);
     p->load_limit = p->threads;
+    if (fd >= 0) gauge_update(p, now_ns());
     pthread_mutex_unlock(&p->call_lock);
     return 0;
 }
 
 /* The load gauge's counters and state: calls run on the caller alone because of the load, calls run on fewer
  * threads than the pool has, reads of the load file, the threads the next call may use, and 1000 x the average
- * number of other runnable threads. */
+ * number of cores other programs keep busy. */
 EXPORT void edgeport_pool_load_stats(pool_t *p, uint64_t out[5]) {
     if (!p) {
         memset(out, 0, 5 * sizeof(uint64_t));

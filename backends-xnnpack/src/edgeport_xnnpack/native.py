@@ -341,8 +341,8 @@ class ThreadPool:
         return True
 
     def set_load_gauge(self, period_ms: float, path: str | None = None, online: int = 0) -> bool:
-        """Set edgeport's pool's load gauge: re-read the machine's runnable threads from ``path`` (default
-        ``/proc/loadavg``) at most every ``period_ms`` (0: off, every call may use every thread) and use only as many
+        """Set edgeport's pool's load gauge: re-read the machine's CPU time from ``path`` (default ``/proc/stat``;
+        its ``cpu`` line) at most every ``period_ms`` (0: off, every call may use every thread) and use only as many
         threads as ``online`` CPUs (0: the machine's) leave free. ``False`` for the system pool or a 1-thread one;
         ``XnnpackError`` for values out of range (0 or 0.1..10000 ms) or a file that cannot be opened."""
         if not (self.handle and self.lib.own_pool and hasattr(self.lib.pool, "edgeport_pool_set_load_gauge")):
@@ -355,8 +355,8 @@ class ThreadPool:
     def load_stats(self) -> dict[str, float] | None:
         """The load gauge's state (``None`` for the system pool or a 1-thread one): ``solo`` (calls run on the
         caller alone because of the load), ``limited`` (calls run on fewer threads than the pool has), ``reads``
-        (of the load file), ``threads`` (what the next call may use), ``others`` (average runnable threads of
-        other programs)."""
+        (of the load file), ``threads`` (what the next call may use), ``others`` (average cores other programs
+        keep busy)."""
         if not (self.handle and self.lib.own_pool and hasattr(self.lib.pool, "edgeport_pool_load_stats")):
             return None
         out = (ctypes.c_uint64 * 5)()
