@@ -39,6 +39,7 @@
 #include <link.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -121,7 +122,8 @@ struct pool {
     size_t load_limit;
     _Atomic uint64_t n_load_solo, n_load_reads, n_load_limited;
     /* counters (edgeport_pool_stats) */
-    _Atomic uint64_t n_calls, n_parallel, n_inline_busy, n_solo, n_late, n_joins;
+    _Atomic uint64_t n_calls, n_parallel, n_inline_busy, n_solo, n_late, n_joins, n_moved;
+    _Atomic int caller_cpu; /* the CPU the caller of the current job ran on when it published it (-1: unknown) */
     pid_t owner;
     worker_t workers[];
 };
@@ -232,6 +234,21 @@ static size_t run_share(pool_t *p, size_t tid) {
 }
 
 /* -- workers ------------------------------------------------------------------------------------------------ */
+/* A woken worker that the kernel placed on the CPU its caller runs on cannot help (it only takes turns with the
+ * caller, and its spin takes the caller's time): it moves itself to another CPU the process may use, by setting its
+ * affinity to the allowed CPUs without this one (the kernel migrates it at once) and then back to the whole set
+ * (it stays where it is). Seen on a 2-vCPU VM: after an idle gap, woken workers often stayed on the caller's vCPU
+ * for milliseconds. 1 when it moved. */
+static int move_off(int cpu) {
+    cpu_set_t allowed, others;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !CPU_ISSET(cpu, &allowed)) return 0;
+    others = allowed;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0 || sched_setaffinity(0, sizeof others, &others) != 0) return 0;
+    sched_setaffinity(0, sizeof allowed, &allowed);
+    return 1;
+}
+
 static void *worker_main(void *arg) {
     pool_t *p = ((worker_t *)arg)->pool;
     size_t tid = (size_t)((worker_t *)arg - p->workers);
@@ -258,6 +275,9 @@ static void *worker_main(void *arg) {
         }
         seen = w;
         if (atomic_load(&p->shutdown)) return NULL;
+        int cpu = sched_getcpu();
+        if (cpu >= 0 && cpu == atomic_load_explicit(&p->caller_cpu, memory_order_relaxed) && move_off(cpu))
+            atomic_fetch_add_explicit(&p->n_moved, 1, memory_order_relaxed);
         /* join the job of that generation if it is still open */
         uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
         int joined = 0;
@@ -402,6 +422,7 @@ static void parallelize(pool_t *p, void *fn, void *ctx, int ndim, int ntiled, co
         atomic_store_explicit(&p->shares[t].end, e, memory_order_relaxed);
         atomic_store_explicit(&p->shares[t].left, (ptrdiff_t)(e - b), memory_order_relaxed);
     }
+    atomic_store_explicit(&p->caller_cpu, sched_getcpu(), memory_order_relaxed);
     uint64_t gen = (atomic_load_explicit(&p->state, memory_order_relaxed) >> 32) + 1;
     /* publish: the generation (low 32 bits of it) is what workers wait on */
     atomic_store_explicit(&p->state, ((gen & 0xFFFFFFFFull) << 32) | OPEN_BIT, memory_order_release);
@@ -462,6 +483,7 @@ EXPORT pool_t *pthreadpool_create(size_t threads) {
     p->threads = threads;
     p->owner = getpid();
     p->spin_ns = POOL_SPIN_NS;
+    p->caller_cpu = -1;
     p->backoff_min_ns = BACKOFF_MIN_NS;
     p->shares = aligned_alloc(64, sizeof(share_t) * threads);
     if (!p->shares) {
@@ -575,6 +597,9 @@ EXPORT void edgeport_pool_stats(pool_t *p, uint64_t out[6]) {
     out[4] = atomic_load(&p->n_late);
     out[5] = atomic_load(&p->n_joins);
 }
+
+/* Workers that found themselves on their caller's CPU and moved off it (see move_off). */
+EXPORT uint64_t edgeport_pool_moved(pool_t *p) { return p ? atomic_load(&p->n_moved) : 0; }
 
 /* Set a pool's policy (edgeport_xnnpack.native.ThreadPool.set_policy): a worker's spin after a job before it parks
  * (ns, 0..1e9) and the first solo period after a late wait (ns, 0: never go solo, else 1e6..1e9). Returns 0, or -1

@@ -54,6 +54,9 @@ def open_own() -> tuple[ctypes.CDLL | None, str]:
     lib.edgeport_pool_binding.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
     lib.edgeport_pool_stats.restype = None
     lib.edgeport_pool_stats.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64))
+    if hasattr(lib, "edgeport_pool_moved"):
+        lib.edgeport_pool_moved.restype = ctypes.c_uint64
+        lib.edgeport_pool_moved.argtypes = (ctypes.c_void_p,)
     if hasattr(lib, "edgeport_pool_set_policy"):  # absent from a build older than this module
         lib.edgeport_pool_set_policy.restype = ctypes.c_int
         lib.edgeport_pool_set_policy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)

@@ -322,12 +322,16 @@ class ThreadPool:
         """Counters of edgeport's pool (``None`` for the system pool or a 1-thread one): ``calls`` (parallel
         requests), ``parallel`` (run with workers), ``inline_busy`` (run on the caller: the pool was busy with
         another thread's call), ``solo`` (run on the caller: contention back-off), ``late`` (waits for a
-        preempted worker), ``joins`` (workers that took part)."""
+        preempted worker), ``joins`` (workers that took part), ``moved`` (woken workers that found themselves on
+        their caller's CPU and moved to another)."""
         if not (self.handle and self.lib.own_pool):
             return None
         out = (ctypes.c_uint64 * 6)()
         self.lib.pool.edgeport_pool_stats(self.handle, out)
-        return dict(zip(("calls", "parallel", "inline_busy", "solo", "late", "joins"), out, strict=True))
+        stats = dict(zip(("calls", "parallel", "inline_busy", "solo", "late", "joins"), out, strict=True))
+        if hasattr(self.lib.pool, "edgeport_pool_moved"):
+            stats["moved"] = self.lib.pool.edgeport_pool_moved(self.handle)
+        return stats
 
     def set_policy(self, spin_us: float, backoff_ms: float) -> bool:
         """Set edgeport's pool's policy: a worker's spin after a job before it parks (us) and the first solo
