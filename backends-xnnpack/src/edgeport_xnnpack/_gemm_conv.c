@@ -16,6 +16,7 @@
  */
 #include "_gemm_common.h"
 #include <math.h>
+#include <stdatomic.h>
 
 #ifndef CONV_ITEMS_PER_THREAD
 #define CONV_ITEMS_PER_THREAD 16
@@ -35,12 +36,20 @@ struct conv_job {
     Py_ssize_t m, taps, c, n, mr, nr, tiles_per_item, row_items, panels;
     int pixel_major;
     float lo, hi;
+    int64_t last; /* the largest valid offset: x_len - c */
+    _Atomic int bad; /* an offset outside [-1, last] was met (its row read as zeros; the call raises) */
 };
 
+/* every offset is checked where it is used (in parallel, on data the kernel reads anyway): one outside the input
+   reads the zero row instead and marks the job bad */
 #define CONV_PTRS(MR)                                                                                      \
     const float *a[MR];                                                                                    \
     for (int r = 0; r < MR; r++) {                                                                         \
         int64_t o = off[r];                                                                                \
+        if (__builtin_expect(o < -1 || o > j->last, 0)) {                                                  \
+            atomic_store_explicit((_Atomic int *)&j->bad, 1, memory_order_relaxed);                        \
+            o = -1;                                                                                        \
+        }                                                                                                  \
         a[r] = o < 0 ? j->zero : x + o;                                                                    \
     }                                                                                                      \
     off += MR;
@@ -245,17 +254,9 @@ PyObject *conv_packed(PyObject *Py_UNUSED(module), PyObject *args) {
     if (typed_buffer(out_obj, &out, 1, m * n, "f", 4, "conv_packed: output") < 0)
         goto fail;
     got++;
-    /* every offset must leave c floats inside the input; checked here, once per call (cheap next to the product) */
     const int64_t *offsets = off.buf;
-    for (Py_ssize_t i = 0; i < tiles * taps * mr; i++) {
-        if (offsets[i] < -1 || offsets[i] > x_len - c) {
-            PyErr_Format(PyExc_ValueError, "conv_packed: tap offset %lld outside an input of %zd floats",
-                         (long long)offsets[i], x_len);
-            goto fail;
-        }
-    }
     struct conv_job j = {x.buf, w.buf, b.buf, zero.buf, offsets, out.buf, m, taps, c, n, mr, nr, tiles, 1, panels,
-                         0, (float)lo, (float)hi};
+                         0, (float)lo, (float)hi, (int64_t)(x_len - c), 0};
     size_t items = (size_t)panels;
     if (pool && threads > 1) {
         /* ~CONV_ITEMS_PER_THREAD items per thread, each one panel x a block of pixel tiles: small enough that a
@@ -274,6 +275,14 @@ PyObject *conv_packed(PyObject *Py_UNUSED(module), PyObject *args) {
         for (size_t i = 0; i < items; i++)
             conv_item(&j, i);
     Py_END_ALLOW_THREADS
+    if (atomic_load(&j.bad)) {
+        Py_ssize_t i = 0;
+        while (i < tiles * taps * mr - 1 && offsets[i] >= -1 && offsets[i] <= x_len - c)
+            i++;
+        PyErr_Format(PyExc_ValueError, "conv_packed: tap offset %lld outside an input of %zd floats (the output is "
+                     "not valid)", (long long)offsets[i], x_len);
+        goto fail;
+    }
     for (int i = 0; i < got; i++)
         PyBuffer_Release(held[i]);
     Py_RETURN_NONE;
