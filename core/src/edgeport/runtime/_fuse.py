@@ -86,8 +86,16 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
         return None
 
     axes: dict[int, int] = {}  # normalize_dim(dim, rank) by rank
+    #: by (x's shape, x's dtype, q's shape), for inputs that took the copy path below: the bytes of ``s`` to search
+    #: for and the result's shape (a repeated call then costs one byte search and one copy)
+    plain: dict[tuple, tuple[bytes, tuple[int, ...]]] = {}
 
     def masked_row_guard(x, v, p, q, out):
+        if p is None and x.__class__ is np.ndarray and q.__class__ is np.ndarray:
+            hit = plain.get((x.shape, x.dtype, q.shape))
+            if hit is not None and hit[1] == out.shape and q.dtype == out.dtype and hit[0] not in x.tobytes():
+                out[...] = q  # no element equals s, so no row does: what the copy path below writes
+                return out
         if x.ndim:  # all(x == s) along dim: one comparison and one reduction (the same as not any(x != s))
             ax = axes.get(x.ndim)
             if ax is None:
@@ -103,6 +111,9 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
                     out = resize(out, shape)
                 if q.__class__ is np.ndarray and q.dtype == out.dtype:
                     out[...] = q  # one copy (np.copyto's keyword handling costs more than the copy here)
+                    pattern = patterns.get(x.dtype)
+                    if pattern and x.nbytes <= _SEARCH_BYTES:
+                        plain[(x.shape, x.dtype, q.shape)] = (pattern, shape)
                 else:
                     np.copyto(out, q, casting="unsafe")
                 return out
