@@ -184,7 +184,8 @@ def _six_kernels(x: np.ndarray, s: float, dim: int, fill: float, q: np.ndarray) 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("s", [float("-inf"), float("inf"), 0.0])
 def test_masked_row_guard_on_bytes_that_look_like_the_fill(dtype, s):
-    """The guard's shortcut searches a small input's bytes for an infinite ``s``: a match across two elements, a
+    """The guard's shortcut searches a small input's elements for the sign-and-exponent byte of an infinite ``s``:
+    bytes like the fill's across two elements, the most negative finite value and -NaN (that byte, not the fill), a
     large input (the exact test only), fully matching rows, NaN and -0.0 give what the six kernels give."""
     from edgeport.runtime._fuse import _guard_op
     from edgeport.runtime.portable.elementwise import where_out
@@ -197,6 +198,10 @@ def test_masked_row_guard_on_bytes_that_look_like_the_fill(dtype, s):
     for shape in ((1, 4, 8, 8), (1, 2, 96, 96)):  # below and above the searched size
         x = rng.standard_normal(shape).astype(dtype)
         cases.append(x.copy())
+        huge = x.copy()  # the sign-and-exponent byte of -inf (0xff for float32) on values that are not the fill
+        huge[..., 0, :] = np.finfo(dtype).min
+        huge[..., 1, 1] = -np.float64(np.nan)
+        cases.append(huge)
         x[..., 1, :] = s  # a fully matching row
         x[..., 2, 3:] = s  # a causal-like row
         cases.append(x.copy())

@@ -40,13 +40,17 @@ _GUARD = ("aten::eq.Scalar_out", "aten::logical_not.out", "aten::any.out", "aten
 _SEARCH_BYTES = 1 << 16
 
 
-def _inf_bytes(s: Any, dtype: np.dtype) -> bytes | None:
-    """The bytes of ``s`` in ``dtype`` when ``s`` is an infinity of a float dtype (the mask fill ``-inf``): the one
-    bit pattern that compares equal to it, so an input whose bytes do not contain it has no element equal to ``s``
-    (a pattern found across two elements only sends the guard to the exact test)."""
+def _inf_bytes(s: Any, dtype: np.dtype) -> tuple[int, int, bytes] | None:
+    """Where to look for ``s`` in ``dtype`` when ``s`` is an infinity of a float dtype (the mask fill ``-inf``):
+    ``(j, itemsize, b)`` with ``b`` the byte ``j`` of its one bit pattern that compares equal to it -- its byte with
+    the most set bits, the one holding the sign and the exponent's top bits (0xff for float32 -inf) -- so an input
+    whose every element's byte ``j`` (``x.tobytes()[j::itemsize]``, one strided copy and one memchr) differs from
+    ``b`` has no element equal to ``s``; only huge values, NaN and ``s`` itself carry that byte there."""
     if dtype.kind != "f" or not isinstance(s, (float, np.floating)) or not np.isinf(s):
         return None
-    return np.array(s, dtype).tobytes()
+    pattern = np.array(s, dtype).tobytes()
+    j = max(range(len(pattern)), key=lambda i: bin(pattern[i]).count("1"))
+    return j, len(pattern), pattern[j:j + 1]
 
 
 def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
@@ -55,17 +59,17 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
     #: whether the last call's rows were told apart by their first elements only (a causal mask in a decode step:
     #: many matches, but position 0 visible); only picks which exact test runs first
     first_only = [False]
-    patterns: dict[np.dtype, bytes | None] = {}  # _inf_bytes(s, dtype) by the input's dtype
+    patterns: dict[np.dtype, tuple[int, int, bytes] | None] = {}  # _inf_bytes(s, dtype) by the input's dtype
     shapes: dict[tuple, tuple[int, ...]] = {}  # the result's shape by the input's and the kept operand's
 
     def no_match(x) -> bool:
         """Whether a small input's bytes show that no element equals ``s`` (``False``: unknown)."""
         if x.nbytes > _SEARCH_BYTES:
             return False
-        pattern = patterns.get(x.dtype, b"")
-        if pattern == b"":
-            pattern = patterns[x.dtype] = _inf_bytes(s, x.dtype)
-        return pattern is not None and pattern not in x.tobytes()
+        where = patterns.get(x.dtype, 0)
+        if where == 0:
+            where = patterns[x.dtype] = _inf_bytes(s, x.dtype)
+        return where is not None and where[2] not in x.tobytes()[where[0]::where[1]]
 
     def no_full_row(x, ax):
         """Whether no row along ``ax`` equals ``s`` throughout (else ``None``: unknown, run the reduction)."""
@@ -86,14 +90,15 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
         return None
 
     axes: dict[int, int] = {}  # normalize_dim(dim, rank) by rank
-    #: by (x's shape, x's dtype, q's shape), for inputs that took the copy path below: the bytes of ``s`` to search
-    #: for and the result's shape (a repeated call then costs one byte search and one copy)
-    plain: dict[tuple, tuple[bytes, tuple[int, ...]]] = {}
+    #: by (x's shape, x's dtype, q's shape), for inputs that took the copy path below: where to search for ``s``
+    #: (``_inf_bytes``) and the result's shape (a repeated call then costs one byte search and one copy)
+    plain: dict[tuple, tuple[tuple[int, int, bytes], tuple[int, ...]]] = {}
 
     def masked_row_guard(x, v, p, q, out):
         if p is None and x.__class__ is np.ndarray and q.__class__ is np.ndarray:
             hit = plain.get((x.shape, x.dtype, q.shape))
-            if hit is not None and hit[1] == out.shape and q.dtype == out.dtype and hit[0] not in x.tobytes():
+            if hit is not None and hit[1] == out.shape and q.dtype == out.dtype \
+                    and hit[0][2] not in x.tobytes()[hit[0][0]::hit[0][1]]:
                 out[...] = q  # no element equals s, so no row does: what the copy path below writes
                 return out
         if x.ndim:  # all(x == s) along dim: one comparison and one reduction (the same as not any(x != s))
