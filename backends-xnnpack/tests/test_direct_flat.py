@@ -106,3 +106,29 @@ def test_arrays_changed_in_place_go_to_the_general_path(executor_handle):
     got = ex.execute(h, [x], out=outs)
     for g, w in zip(got, attention_reference(x, c), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_direct_execute_runs_the_direct_call_and_declines_what_execute_would_not_take(executor_handle):
+    """``XnnpackExecutor.direct_execute``: the core's per-call shortcut gives execute's bits on the same arrays, and
+    returns False (nothing written) for a wrong input count, arrays the direct call refuses, and a destroyed
+    handle -- execute then gives its answer or its error."""
+    ex, h, c = executor_handle
+    run = ex.direct_execute(h)
+    assert run is not None
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, S, D)).astype(np.float32)
+    outs = [np.empty((S, 1, D), np.float32), np.empty((1, S, S), np.float32)]
+    for _ in range(4):  # the third call on these arrays runs the chain
+        assert run([x], outs) is True
+        for g, f, w in zip(outs, ex.execute(h, [x.copy()]), attention_reference(x, c), strict=True):
+            np.testing.assert_array_equal(_bits(g), _bits(f))
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    marker = [np.full((S, 1, D), 7, np.float32), np.full((1, S, S), 7, np.float32)]
+    assert run([x, x], marker) is False
+    assert run([x.astype(np.float64)], marker) is False  # the direct call refuses it; execute converts
+    assert all((m == 7).all() for m in marker)
+    ex.destroy(h)
+    assert run([x], marker) is False
+    with pytest.raises(RuntimeExecutionError, match="live handle"):
+        ex.execute(h, [x], out=marker)
+    assert ex.direct_execute(XnnpackExecutor()) is None  # not a handle

@@ -25,7 +25,7 @@ faster at its one shape, and still correct (re-packed per specialization) if cal
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -175,6 +175,28 @@ class XnnpackExecutor(RuntimeExecutor):
         """True when the delegate is one reshape (``XnnpackHandle.reshape_only``: one input, one output of as many
         elements, one host step of reshapes between them); the core runtime may then run its calls as views."""
         return type(handle) is XnnpackHandle and handle.reshape_only()
+
+    def direct_execute(self, handle: XnnpackHandle) -> Callable[[list[Any], list[np.ndarray]], bool] | None:
+        """The core's per-call shortcut (``RuntimeExecutor.direct_execute``): the delegate's direct call when it
+        has one and takes the inputs as given; ``run(inputs, outs)`` is ``False`` (nothing written) whenever
+        :meth:`execute` would not take the direct call -- destroyed handle, a tracer, arrays it refuses."""
+        if type(handle) is not XnnpackHandle or handle.direct is None or handle.arg_slots is not None:
+            return None
+        lock, n_args = self._lock, handle.n_args
+
+        def run(inputs: list[Any], outs: list[np.ndarray]) -> bool:
+            if len(inputs) != n_args:
+                return False
+            with lock:
+                direct = handle.direct
+                if not handle.alive or direct is None or handle.tracer is not None:
+                    return False
+                try:
+                    direct(inputs, outs)
+                except (ValueError, native.XnnpackError):
+                    return False  # execute's general path converts, specializes, or raises the precise error
+                return True
+        return run
 
     def execute(self, handle: XnnpackHandle, inputs: Sequence[Any],
                 out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:

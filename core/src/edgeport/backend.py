@@ -203,6 +203,12 @@ class RuntimeExecutor:
       array and returns that same object in its place (the runtime then copies nothing); for a ``None`` entry
       it returns a fresh array as usual. Returning another array for a given entry is allowed (it is copied in,
       after a shape check). The arrays belong to the runtime: do not keep them past the call.
+    * ``direct_execute(handle) -> run | None`` — with destination passing: a callable the runtime may call
+      instead of ``execute`` when every output has its planned array, ``run(inputs, outs) -> bool`` (the same
+      lists ``execute`` would get, ``outs`` without ``None``). It computes into ``outs`` and returns ``True``,
+      or returns ``False`` having written nothing the caller relies on (it cannot take this call: other arrays,
+      a tracer set, a destroyed handle), and the runtime calls ``execute`` as usual. Asked once per call site
+      at load (``None``: never); it saves the per-call checks ``execute`` repeats (a few hundred ns per call).
     """
 
     thread_safe: bool = False

@@ -1,6 +1,7 @@
 """How delegate calls get their memory (hand-built programs, torch-free): method inputs read only by delegates
 are bound as the caller's arrays (no copy), every other input is copied; executors whose ``execute`` takes
-``out=`` get the planned arrays of the outputs to write into, or ``None`` where that is not safe."""
+``out=`` get the planned arrays of the outputs to write into, or ``None`` where that is not safe; an executor's
+optional ``direct_execute(handle)`` run takes such calls instead of ``execute`` unless it declines."""
 
 from __future__ import annotations
 
@@ -326,3 +327,66 @@ def test_executors_without_out_keep_working(builder, executor):
         assert _Affine.calls[-1][0][0] is x
     finally:
         unregister_plugin(plugin)
+
+
+# ------------------------------------------------------- the optional direct_execute(handle) hook
+class _Direct(_Affine):
+    """``direct_execute`` gives a run that writes ``x * 3 + k`` into the outputs, except while ``refuse`` is set
+    (it then returns ``False`` having written nothing). ``runs`` records each run's inputs."""
+
+    refuse = False
+    offer = True
+    runs: list[list] = []
+
+    def direct_execute(self, handle):
+        if not _Direct.offer:
+            return None
+
+        def run(inputs, outs):
+            if _Direct.refuse:
+                return False
+            _Direct.runs.append(list(inputs))
+            for o, r in zip(outs, self.compute(inputs, handle), strict=True):
+                o[...] = r
+            return True
+        return run
+
+
+@pytest.fixture
+def direct():
+    plugin = _Plugin(_Direct)
+    register_plugin(plugin, name="test-delegate-direct")
+    _Affine.calls.clear()
+    _Affine.mode = "write"
+    _Direct.runs.clear()
+    _Direct.refuse, _Direct.offer = False, True
+    yield
+    unregister_plugin(plugin)
+
+
+def test_the_runtime_calls_the_direct_run_instead_of_execute(builder, direct):
+    method = _load(_delegate_then_relu(builder))
+    for k in range(3):
+        x = np.arange(-4, 4, dtype=np.float32).reshape(2, 4) * (k + 1)
+        np.testing.assert_array_equal(method.execute([x])[0], _expected(x))
+        assert _Direct.runs[-1][0] is x  # the inputs as execute would get them
+    assert len(_Direct.runs) == 3 and not _Affine.calls  # execute never ran
+
+
+def test_a_refused_direct_run_falls_back_to_execute(builder, direct):
+    method = _load(_delegate_then_relu(builder))
+    _Direct.refuse = True
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(method.execute([x])[0], _expected(x))
+    assert not _Direct.runs and len(_Affine.calls) == 1
+    _Direct.refuse = False
+    np.testing.assert_array_equal(method.execute([x + 1])[0], _expected(x + 1))
+    assert len(_Direct.runs) == 1 and len(_Affine.calls) == 1
+
+
+def test_no_direct_run_offered_means_execute(builder, direct):
+    _Direct.offer = False
+    method = _load(_delegate_then_relu(builder))
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(method.execute([x])[0], _expected(x))
+    assert not _Direct.runs and len(_Affine.calls) == 1

@@ -377,10 +377,20 @@ class ChainCompiler:
         if unknown or not out_idx or slots != out_idx:
             return None
         get_in, get_out = getter(in_idx), getter(out_idx)
+        fast_of = getattr(executor, "direct_execute", None)
+        fast = fast_of(handle) if callable(fast_of) else None  # optional hook (RuntimeExecutor's docstring)
 
         def run_direct(vals):
             dsts = get_out(vals)
             outs = list(dsts)
+            if fast is not None:
+                if lock is None:
+                    if fast(list(get_in(vals)), outs):
+                        return
+                else:
+                    with lock:
+                        if fast(list(get_in(vals)), outs):
+                            return
             if lock is None:
                 res = executor.execute(handle, list(get_in(vals)), out=outs)
             else:
