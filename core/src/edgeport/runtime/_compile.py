@@ -383,14 +383,8 @@ class ChainCompiler:
         def run_direct(vals):
             dsts = get_out(vals)
             outs = list(dsts)
-            if fast is not None:
-                if lock is None:
-                    if fast(list(get_in(vals)), outs):
-                        return
-                else:
-                    with lock:
-                        if fast(list(get_in(vals)), outs):
-                            return
+            if fast is not None and _ran(fast, lock, list(get_in(vals)), outs):
+                return
             if lock is None:
                 res = executor.execute(handle, list(get_in(vals)), out=outs)
             else:
@@ -510,3 +504,11 @@ class ChainCompiler:
                 elif type(a) is S.MoveCall:
                     defined.add(a.move_to)
         return defined
+
+
+def _ran(fast: Callable[[list, list], bool], lock: Any, ins: list, outs: list) -> bool:
+    """An executor's ``direct_execute`` run on one call, under the delegate's lock when it has one."""
+    if lock is None:
+        return fast(ins, outs)
+    with lock:
+        return fast(ins, outs)
