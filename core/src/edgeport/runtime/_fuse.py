@@ -116,9 +116,11 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
                     out = resize(out, shape)
                 if q.__class__ is np.ndarray and q.dtype == out.dtype:
                     out[...] = q  # one copy (np.copyto's keyword handling costs more than the copy here)
-                    pattern = patterns.get(x.dtype)
-                    if pattern and x.nbytes <= _SEARCH_BYTES:
-                        plain[(x.shape, x.dtype, q.shape)] = (pattern, shape)
+                    where = patterns.get(x.dtype)
+                    if where and x.nbytes <= _SEARCH_BYTES:
+                        if len(plain) >= 64:  # shapes that change every call (a growing sequence): start over
+                            plain.clear()
+                        plain[(x.shape, x.dtype, q.shape)] = (where, shape)
                 else:
                     np.copyto(out, q, casting="unsafe")
                 return out
