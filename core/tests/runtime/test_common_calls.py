@@ -181,6 +181,23 @@ def _six_kernels(x: np.ndarray, s: float, dim: int, fill: float, q: np.ndarray) 
     return np.where(d, np.full(q.shape, fill, q.dtype), q)
 
 
+def test_masked_row_guard_on_a_shape_per_call():
+    """A growing sequence gives the guard a new shape every call (its shape cache starts over past 64): each result
+    is what the six kernels give, with and without fully masked rows."""
+    from edgeport.runtime._fuse import _guard_op
+    from edgeport.runtime.portable.elementwise import where_out
+
+    rng = np.random.default_rng(2)
+    guard = _guard_op(float("-inf"), -1, True, 0.0, np.dtype(np.float32), where_out)
+    for n in list(range(1, 80)) + list(range(1, 80)):
+        x = rng.standard_normal((1, 2, 3, n)).astype(np.float32)
+        if n % 3 == 0:
+            x[0, 1, 2, :] = -np.inf
+        q = rng.random(x.shape).astype(np.float32)
+        got = guard(x, q, None, q, np.empty(x.shape, np.float32))
+        np.testing.assert_array_equal(got, _six_kernels(x, float("-inf"), -1, 0.0, q))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("s", [float("-inf"), float("inf"), 0.0])
 def test_masked_row_guard_on_bytes_that_look_like_the_fill(dtype, s):

@@ -66,10 +66,10 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
         """Whether a small input's bytes show that no element equals ``s`` (``False``: unknown)."""
         if x.nbytes > _SEARCH_BYTES:
             return False
-        where = patterns.get(x.dtype, 0)
-        if where == 0:
-            where = patterns[x.dtype] = _inf_bytes(s, x.dtype)
-        return where is not None and where[2] not in x.tobytes()[where[0]::where[1]]
+        spot = patterns.get(x.dtype, 0)
+        if spot == 0:
+            spot = patterns[x.dtype] = _inf_bytes(s, x.dtype)
+        return spot is not None and spot[2] not in x.tobytes()[spot[0]::spot[1]]
 
     def no_full_row(x, ax):
         """Whether no row along ``ax`` equals ``s`` throughout (else ``None``: unknown, run the reduction)."""
@@ -116,11 +116,11 @@ def _guard_op(s: Any, dim: int, keepdim: bool, fill: Any, z_dtype: np.dtype,
                     out = resize(out, shape)
                 if q.__class__ is np.ndarray and q.dtype == out.dtype:
                     out[...] = q  # one copy (np.copyto's keyword handling costs more than the copy here)
-                    where = patterns.get(x.dtype)
-                    if where and x.nbytes <= _SEARCH_BYTES:
+                    spot = patterns.get(x.dtype)
+                    if spot and x.nbytes <= _SEARCH_BYTES:
                         if len(plain) >= 64:  # shapes that change every call (a growing sequence): start over
                             plain.clear()
-                        plain[(x.shape, x.dtype, q.shape)] = (where, shape)
+                        plain[(x.shape, x.dtype, q.shape)] = (spot, shape)
                 else:
                     np.copyto(out, q, casting="unsafe")
                 return out
