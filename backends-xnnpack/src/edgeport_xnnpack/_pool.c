@@ -598,6 +598,10 @@ EXPORT void edgeport_pool_stats(pool_t *p, uint64_t out[6]) {
     out[5] = atomic_load(&p->n_joins);
 }
 
+/* move_off for the calling thread (the tests check the move itself: a worker meets that case only when the
+ * kernel places it so). */
+EXPORT int edgeport_pool_move_off(int cpu) { return cpu >= 0 && sched_getcpu() == cpu ? move_off(cpu) : 0; }
+
 /* Workers that found themselves on their caller's CPU and moved off it (see move_off). */
 EXPORT uint64_t edgeport_pool_moved(pool_t *p) { return p ? atomic_load(&p->n_moved) : 0; }
 

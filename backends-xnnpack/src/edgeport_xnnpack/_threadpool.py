@@ -57,6 +57,8 @@ def open_own() -> tuple[ctypes.CDLL | None, str]:
     if hasattr(lib, "edgeport_pool_moved"):
         lib.edgeport_pool_moved.restype = ctypes.c_uint64
         lib.edgeport_pool_moved.argtypes = (ctypes.c_void_p,)
+        lib.edgeport_pool_move_off.restype = ctypes.c_int
+        lib.edgeport_pool_move_off.argtypes = (ctypes.c_int,)
     if hasattr(lib, "edgeport_pool_set_policy"):  # absent from a build older than this module
         lib.edgeport_pool_set_policy.restype = ctypes.c_int
         lib.edgeport_pool_set_policy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
