@@ -466,18 +466,11 @@ static int raise_status(Binding *self, const char *call, int status) {
 static int invoke_timed(Binding *self) {
     void *h = self->handle, *fn = self->run_fn, *pool = self->pool;
     int kind = self->kind, status;
-    long long t0 = 0, t1 = 0;
-    if (self->last_ns > 0 && self->last_ns < GIL_KEEP_NS) {
-        t0 = now_ns();
-        status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
-        t1 = now_ns();
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        t0 = now_ns();
-        status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
-        t1 = now_ns();
-        Py_END_ALLOW_THREADS
-    }
+    PyThreadState *released = self->last_ns > 0 && self->last_ns < GIL_KEEP_NS ? NULL : PyEval_SaveThread();
+    long long t0 = now_ns();
+    status = kind == KIND_RUNTIME ? ((invoke_runtime_fn)fn)(h) : ((run_operator_fn)fn)(h, pool);
+    long long t1 = now_ns();
+    if (released != NULL) PyEval_RestoreThread(released);
     self->run_ns += t1 - t0;
     self->last_ns = t1 > t0 ? t1 - t0 : 1;
     return status;
