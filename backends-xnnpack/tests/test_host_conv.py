@@ -95,6 +95,37 @@ def test_resnet18_with_its_convolutions_on_the_host_equals_libxnnpack(isa, monke
     assert rel_err(ours[1], ref) < RTOL
 
 
+@needs_xnnpack
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_large_filters_read_in_chunks_equal_libxnnpack_bit_for_bit(isa, monkeypatch):
+    from torch import nn
+
+    from edgeport_xnnpack import _gemm
+
+    monkeypatch.setenv(_host_conv.ISA_ENV, isa)
+    torch.manual_seed(1)
+    # 256 -> 136 channels (a 40-channel panel tail) over 20x21 pixels: 60 tiles, more than one group of tiles per
+    # item, and chunks of taps that do not divide the 9 taps; 600 -> 56: a chunk holds less than one tap
+    model = nn.Sequential(nn.Conv2d(256, 136, 3, 1, 1), nn.ReLU(), nn.Conv2d(136, 600, 1),
+                          nn.Conv2d(600, 56, 3, 2, 1), nn.Hardtanh(-0.7, 0.9)).eval()
+    args = (torch.randn(1, 256, 20, 21),)
+    nr = _host_conv._SHAPE[_host_conv.kernel_level()][1]
+    for c, n in ((256, 136), (600, 56)):
+        packed, _ = _host_conv.pack(np.zeros((n, 3, 3, c), np.float32), None, 9, c, n, nr)
+        assert packed.nbytes > _gemm.CONV_LARGE_FILTER_BYTES  # the chunked path, not one pass per tile
+        assert c * nr * 4 * 9 > _gemm.CONV_CHUNK_BYTES  # more than one chunk per panel
+    ref = eager(model, args)
+    _, pte, _ = lower_edgeport(model, args)
+    theirs = _run(pte, args, "xnnpack", 1)
+    count = _Count(monkeypatch)
+    for threads in (1, 2):
+        ours = _run(pte, args, "host-conv", threads)
+        np.testing.assert_array_equal(ours, theirs)
+        assert rel_err(ours, ref) < RTOL
+    assert count.calls == 2 * 2  # the two 3x3 convolutions per load
+
+
 def test_tap_offsets_point_at_the_pixels_numpy_indexes():
     # batch 2, 5x4 input, 3 channels, 3x3 kernel, stride 2, pads top 1 left 0 -> 3x2 output, 6 pixels per tile
     geometry = (2, 5, 4, 3, 3, 3, 2, 2, 1, 0, 3, 2)

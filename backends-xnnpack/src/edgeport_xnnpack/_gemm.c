@@ -412,7 +412,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "edgeport_xnnpack._ge
 
 PyMODINIT_FUNC PyInit__gemm(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && add_host_fc(m) < 0) {
+    if (m != NULL && (add_host_fc(m) < 0 || conv_add_constants(m) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -38,6 +38,8 @@ PyObject *qs8_packed_gemm(PyObject *module, PyObject *args);
 PyObject *qs8_im2col(PyObject *module, PyObject *args);
 PyObject *conv_isa(PyObject *module, PyObject *args);
 PyObject *conv_packed(PyObject *module, PyObject *args);
+/* CONV_LARGE_FILTER_BYTES (a packed filter above it is read in chunks of about CONV_CHUNK_BYTES) */
+int conv_add_constants(PyObject *module);
 PyObject *bmm(PyObject *module, PyObject *args);
 PyObject *bmm_plan(PyObject *module, PyObject *args);
 PyObject *fc_isa(PyObject *module, PyObject *args);
