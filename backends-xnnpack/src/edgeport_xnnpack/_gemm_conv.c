@@ -72,14 +72,72 @@ struct conv_pf {
     Py_ssize_t every, count;
 };
 
-#define CONV_PREFETCH                                                                                      \
-    if (--pf->count == 0) {                                                                                \
-        pf->count = pf->every;                                                                             \
-        if (pf->at < pf->end) {                                                                            \
-            _mm_prefetch(pf->at, _MM_HINT_T1);                                                             \
-            pf->at += 64;                                                                                  \
+/* the channel loop of one tap, with `BODY` per channel i; while a prefetch stream is open, one line of it every
+   `every` channels (counters in registers) */
+#define CONV_CHANNELS(BODY)                                                                                \
+    if (pfa < pfe) {                                                                                       \
+        for (Py_ssize_t i = 0; i < c; i++) {                                                               \
+            BODY                                                                                           \
+            if (--count == 0) {                                                                            \
+                count = every;                                                                             \
+                if (pfa < pfe) {                                                                           \
+                    _mm_prefetch(pfa, _MM_HINT_T1);                                                        \
+                    pfa += 64;                                                                             \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    } else {                                                                                               \
+        for (Py_ssize_t i = 0; i < c; i++) {                                                               \
+            BODY                                                                                           \
         }                                                                                                  \
     }
+
+#define CONV_FMA7                                                                                          \
+    __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);                                         \
+    w += 32;                                                                                               \
+    __m512 v = _mm512_set1_ps(a[0][i]);                                                                    \
+    c00 = _mm512_fmadd_ps(v, w0, c00);                                                                     \
+    c01 = _mm512_fmadd_ps(v, w1, c01);                                                                     \
+    v = _mm512_set1_ps(a[1][i]);                                                                           \
+    c10 = _mm512_fmadd_ps(v, w0, c10);                                                                     \
+    c11 = _mm512_fmadd_ps(v, w1, c11);                                                                     \
+    v = _mm512_set1_ps(a[2][i]);                                                                           \
+    c20 = _mm512_fmadd_ps(v, w0, c20);                                                                     \
+    c21 = _mm512_fmadd_ps(v, w1, c21);                                                                     \
+    v = _mm512_set1_ps(a[3][i]);                                                                           \
+    c30 = _mm512_fmadd_ps(v, w0, c30);                                                                     \
+    c31 = _mm512_fmadd_ps(v, w1, c31);                                                                     \
+    v = _mm512_set1_ps(a[4][i]);                                                                           \
+    c40 = _mm512_fmadd_ps(v, w0, c40);                                                                     \
+    c41 = _mm512_fmadd_ps(v, w1, c41);                                                                     \
+    v = _mm512_set1_ps(a[5][i]);                                                                           \
+    c50 = _mm512_fmadd_ps(v, w0, c50);                                                                     \
+    c51 = _mm512_fmadd_ps(v, w1, c51);                                                                     \
+    v = _mm512_set1_ps(a[6][i]);                                                                           \
+    c60 = _mm512_fmadd_ps(v, w0, c60);                                                                     \
+    c61 = _mm512_fmadd_ps(v, w1, c61);
+
+#define CONV_FMA6                                                                                          \
+    __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);                                          \
+    w += 16;                                                                                               \
+    __m256 v = _mm256_broadcast_ss(a[0] + i);                                                              \
+    c00 = _mm256_fmadd_ps(v, w0, c00);                                                                     \
+    c01 = _mm256_fmadd_ps(v, w1, c01);                                                                     \
+    v = _mm256_broadcast_ss(a[1] + i);                                                                     \
+    c10 = _mm256_fmadd_ps(v, w0, c10);                                                                     \
+    c11 = _mm256_fmadd_ps(v, w1, c11);                                                                     \
+    v = _mm256_broadcast_ss(a[2] + i);                                                                     \
+    c20 = _mm256_fmadd_ps(v, w0, c20);                                                                     \
+    c21 = _mm256_fmadd_ps(v, w1, c21);                                                                     \
+    v = _mm256_broadcast_ss(a[3] + i);                                                                     \
+    c30 = _mm256_fmadd_ps(v, w0, c30);                                                                     \
+    c31 = _mm256_fmadd_ps(v, w1, c31);                                                                     \
+    v = _mm256_broadcast_ss(a[4] + i);                                                                     \
+    c40 = _mm256_fmadd_ps(v, w0, c40);                                                                     \
+    c41 = _mm256_fmadd_ps(v, w1, c41);                                                                     \
+    v = _mm256_broadcast_ss(a[5] + i);                                                                     \
+    c50 = _mm256_fmadd_ps(v, w0, c50);                                                                     \
+    c51 = _mm256_fmadd_ps(v, w1, c51);
 
 /* one micro-kernel call: pixels r0.. of the output against panel p, reading `taps` rows of `c` floats per pixel
    at x + off[tap][row] (-1: the zero row) */
@@ -101,35 +159,14 @@ __attribute__((target("avx512f"))) static void conv_7x32(const struct conv_job *
         c41 = _mm512_loadu_ps(part + 144), c50 = _mm512_loadu_ps(part + 160), c51 = _mm512_loadu_ps(part + 176);
         c60 = _mm512_loadu_ps(part + 192), c61 = _mm512_loadu_ps(part + 208);
     }
+    const char *pfa = pf->at, *pfe = pf->end;
+    Py_ssize_t every = pf->every, count = pf->count;
     for (Py_ssize_t t = ta; t < tb; t++) {
         CONV_PTRS(7)
-        for (Py_ssize_t i = 0; i < c; i++) {
-            __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-            w += 32;
-            CONV_PREFETCH
-            __m512 v = _mm512_set1_ps(a[0][i]);
-            c00 = _mm512_fmadd_ps(v, w0, c00);
-            c01 = _mm512_fmadd_ps(v, w1, c01);
-            v = _mm512_set1_ps(a[1][i]);
-            c10 = _mm512_fmadd_ps(v, w0, c10);
-            c11 = _mm512_fmadd_ps(v, w1, c11);
-            v = _mm512_set1_ps(a[2][i]);
-            c20 = _mm512_fmadd_ps(v, w0, c20);
-            c21 = _mm512_fmadd_ps(v, w1, c21);
-            v = _mm512_set1_ps(a[3][i]);
-            c30 = _mm512_fmadd_ps(v, w0, c30);
-            c31 = _mm512_fmadd_ps(v, w1, c31);
-            v = _mm512_set1_ps(a[4][i]);
-            c40 = _mm512_fmadd_ps(v, w0, c40);
-            c41 = _mm512_fmadd_ps(v, w1, c41);
-            v = _mm512_set1_ps(a[5][i]);
-            c50 = _mm512_fmadd_ps(v, w0, c50);
-            c51 = _mm512_fmadd_ps(v, w1, c51);
-            v = _mm512_set1_ps(a[6][i]);
-            c60 = _mm512_fmadd_ps(v, w0, c60);
-            c61 = _mm512_fmadd_ps(v, w1, c61);
-        }
+        CONV_CHANNELS(CONV_FMA7)
     }
+    pf->at = pfa;
+    pf->count = count;
     __m512 acc[7][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}, {c60, c61}};
     if (tb < j->taps) { /* a partial sum: the next chunk of taps goes on from it */
         for (int r = 0; r < 7; r++) {
@@ -165,32 +202,14 @@ __attribute__((target("avx2,fma"))) static void conv_6x16(const struct conv_job 
         c30 = _mm256_loadu_ps(part + 48), c31 = _mm256_loadu_ps(part + 56), c40 = _mm256_loadu_ps(part + 64);
         c41 = _mm256_loadu_ps(part + 72), c50 = _mm256_loadu_ps(part + 80), c51 = _mm256_loadu_ps(part + 88);
     }
+    const char *pfa = pf->at, *pfe = pf->end;
+    Py_ssize_t every = pf->every, count = pf->count;
     for (Py_ssize_t t = ta; t < tb; t++) {
         CONV_PTRS(6)
-        for (Py_ssize_t i = 0; i < c; i++) {
-            __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-            w += 16;
-            CONV_PREFETCH
-            __m256 v = _mm256_broadcast_ss(a[0] + i);
-            c00 = _mm256_fmadd_ps(v, w0, c00);
-            c01 = _mm256_fmadd_ps(v, w1, c01);
-            v = _mm256_broadcast_ss(a[1] + i);
-            c10 = _mm256_fmadd_ps(v, w0, c10);
-            c11 = _mm256_fmadd_ps(v, w1, c11);
-            v = _mm256_broadcast_ss(a[2] + i);
-            c20 = _mm256_fmadd_ps(v, w0, c20);
-            c21 = _mm256_fmadd_ps(v, w1, c21);
-            v = _mm256_broadcast_ss(a[3] + i);
-            c30 = _mm256_fmadd_ps(v, w0, c30);
-            c31 = _mm256_fmadd_ps(v, w1, c31);
-            v = _mm256_broadcast_ss(a[4] + i);
-            c40 = _mm256_fmadd_ps(v, w0, c40);
-            c41 = _mm256_fmadd_ps(v, w1, c41);
-            v = _mm256_broadcast_ss(a[5] + i);
-            c50 = _mm256_fmadd_ps(v, w0, c50);
-            c51 = _mm256_fmadd_ps(v, w1, c51);
-        }
+        CONV_CHANNELS(CONV_FMA6)
     }
+    pf->at = pfa;
+    pf->count = count;
     __m256 acc[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (tb < j->taps) { /* a partial sum: the next chunk of taps goes on from it */
         for (int r = 0; r < 6; r++) {
