@@ -73,7 +73,7 @@ def test_convolutions_equal_libxnnpack_bit_for_bit_and_eager(isa, monkeypatch):
         ours = _run(pte, args, "host-conv", threads)
         np.testing.assert_array_equal(ours, theirs)
         assert rel_err(ours, ref) < RTOL
-    assert count.calls == 2 * 4  # per load: all but the 1x1 one (the 7x7 stem over 3 channels on row taps)
+    assert count.calls == 2 * 5  # per load: all five (the 7x7 stem over 3 channels on row taps, the strided 1x1)
 
 
 @needs_xnnpack
@@ -89,7 +89,7 @@ def test_resnet18_with_its_convolutions_on_the_host_equals_libxnnpack(isa, monke
     theirs = _run(pte, args, "xnnpack", 1)
     count = _Count(monkeypatch)
     ours = {threads: _run(pte, args, "auto", threads) for threads in (1, 2)}
-    assert count.calls == 2 * 17  # the stem and the 16 3x3 convolutions per load (not the 1x1 projections)
+    assert count.calls == 2 * 20  # per load: the stem, the 16 3x3 convolutions and the 3 strided 1x1 projections
     for out in ours.values():
         np.testing.assert_array_equal(out, theirs)
     assert rel_err(ours[1], ref) < RTOL

@@ -59,9 +59,10 @@ def kernel_level() -> int:
 def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[int, ...]],
               const: set[int]) -> tuple[int, int, int] | None:
     """``(pixels, taps * channels, output channels)`` of a float32 dense (one group, no dilation) convolution with
-    more than one tap, at least ``MIN_CHANNELS`` input channels and constant filter and bias that the kernel runs,
-    else ``None``. 1x1 convolutions are not this kernel's: they are plain GEMMs, which ``_fc_ops.conv_operands``
-    runs on the fully connected operator where the CPU has AVX-512F (else they stay in XNNPACK)."""
+    more than one tap (or one that skips pixels or reads padding: ResNet's strided 1x1 projections), at least
+    ``MIN_CHANNELS`` input channels and constant filter and bias that the kernel runs, else ``None``. 1x1
+    convolutions over every pixel are not this kernel's: they are plain GEMMs, which ``_fc_ops.conv_operands`` runs
+    on the fully connected operator where the CPU has AVX-512F (else they stay in XNNPACK)."""
     if n.kind != "XNNConv2d" or n.get("flags"):
         return None
     ins, out = n.inputs(), n.outputs()[0]
@@ -75,9 +76,9 @@ def conv_dims(n: XNode, values: dict[int, TensorValue], dims: dict[int, tuple[in
     cols = dims[ins[1]][0]
     if len(ins) == 3 and dims[ins[2]] != (cols,):
         return None
-    batch, _, _, c, kh, kw = geometry[:6]
-    if kh * kw == 1 or kw * c < MIN_CHANNELS:
-        return None  # 1x1: a plain GEMM (see above)
+    batch, _, _, c, kh, kw, sh, sw, pt, pl = geometry[:10]
+    if (kh * kw == 1 and sh * sw == 1 and pt == pl == 0) or kw * c < MIN_CHANNELS:
+        return None  # 1x1 over every pixel: a plain GEMM (see above)
     return batch * geometry[10] * geometry[11], kh * kw * c, cols
 
 
