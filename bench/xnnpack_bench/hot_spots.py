@@ -25,41 +25,56 @@ def hot_spots(results: list[dict[str, Any]], candidate: dict[str, tuple[float, f
                 "they sleep, so the worker keeps a core busy for ~30 ms after `execute` returns (CPU burnt in the "
                 "100 ms after a call: " + (", ".join(spin) or "n/a") + "; ExecuTorch's newer pthreadpool parks at "
                 "once).")
-    if per_delegate:
-        txt = ("1. **Thread pools: one per delegate, each spinning (Debian's pthreadpool of 2021-05).** The "
-               "executor creates a pthreadpool per delegate, and " + spin_txt)
-        s_ = enc.get("delegates", [])
-        txt += (f" With {len(s_)} delegates in the encoder, the still-spinning workers of the previous delegates "
-                f"take the cores the next delegate's pool needs, and every operator waits for a descheduled "
-                f"worker: {ep_e[0]:.2f} ms median on 2 threads"
-                + (f" against {d1_e[0]:.2f} ms on 1 thread" if d1_e else "")
-                + f"; the same program with all delegates sharing one pool runs in {sh_e[0]:.2f} ms "
-                f"(min {sh_e[1]:.2f}).")
+    own = [r for r in by.values() if r.get("pool_stats")]
+    if own and not per_delegate:
+        spun = ", ".join(f"{n} {r['spin_ms']['edgeport']:.1f} ms" for n, r in by.items()
+                         if "edgeport" in r.get("spin_ms", {})) or "n/a"
+        stats = "; ".join(f"{n}: {r['pool_stats'].get('parallel', 0)} parallel calls, "
+                          f"{r['pool_stats'].get('joins', 0)} worker joins, {r['pool_stats'].get('solo', 0)} on the "
+                          f"caller alone, {r['pool_stats'].get('moved', 0)} moves off the caller's CPU"
+                          for n, r in by.items() if r.get("pool_stats"))
+        txt = ("1. **Thread pool: edgeport's own (`edgeport_xnnpack._pool`), in place of Debian's pthreadpool of "
+                 "2021-05** (which spun ~30 ms after every operator and waited for descheduled workers). Workers "
+                 "spin 200 us after a job, then park; the caller always works and steals what a late worker has "
+                 "not started; a load gauge on CPU time runs the calls on the caller alone while other programs "
+                 "keep the cores busy (see the next section). CPU burnt in the 100 ms after a call: " + spun
+                 + ". Counters of the timed loop: " + stats + ".")
     else:
-        n_del = len(enc.get("delegates", []))
-        txt = ("1. **Thread pool (Debian's pthreadpool of 2021-05).** The executor shares one pool per thread "
-               + (f"count across delegates (all {n_del} encoder delegates use one pool), but " if n_del > 1
-                  else "count across delegates, but ") + spin_txt)
-    loaded = [f"{n} {t(n, 'edgeport')[0]:.1f} ms median vs {t(n, 'edgeport')[1]:.1f} ms min with "
-              f"{r['others_cores']:.2f} cores taken" for n, r in by.items()
-              if t(n, "edgeport") and r["others_cores"] > 0.3]
-    txt += (" When another process holds a core, a spinning pool waits for its descheduled worker at every "
-            "operator, so the medians explode while the minimums stay low"
-            + (": " + "; ".join(loaded) if loaded else " (this run had no such model, see `other load`; an "
-               "earlier run of this bench with ~1 core taken measured MobileNetV2 at ~0.4 s median)") + ". "
-            "Fixes: an ABI-compatible newer libpthreadpool (bounded spin, no waiting for workers that were never "
-            "woken) loaded ahead of libXNNPACK" + ("" if not per_delegate else ", and one process-wide pool per "
-            "thread count in the executor (what ExecuTorch does)") + "; meanwhile `num_threads=1` when the "
-            "cores are known to be shared.")
-    cold = []
-    for n, r in by.items():
-        w, c = r["times"].get("edgeport"), r.get("times_cold", {}).get("edgeport")
-        we, ce = r["times"].get("executorch"), r.get("times_cold", {}).get("executorch")
-        if w and c and c[0] > 1.3 * w[0]:
-            cold.append(f"{n} {c[0]:.2f} ms cold vs {w[0]:.2f} ms warm (ExecuTorch {ce[0]:.2f} vs {we[0]:.2f})")
-    if cold:
-        txt += (" The first call after idling is slow too, likely because the old pool waits for every worker "
-                "at every operator and a parked worker (or vCPU) wakes slowly: " + "; ".join(cold) + ".")
+        if per_delegate:
+            txt = ("1. **Thread pools: one per delegate, each spinning (Debian's pthreadpool of 2021-05).** The "
+                   "executor creates a pthreadpool per delegate, and " + spin_txt)
+            s_ = enc.get("delegates", [])
+            txt += (f" With {len(s_)} delegates in the encoder, the still-spinning workers of the previous delegates "
+                    f"take the cores the next delegate's pool needs, and every operator waits for a descheduled "
+                    f"worker: {ep_e[0]:.2f} ms median on 2 threads"
+                    + (f" against {d1_e[0]:.2f} ms on 1 thread" if d1_e else "")
+                    + f"; the same program with all delegates sharing one pool runs in {sh_e[0]:.2f} ms "
+                    f"(min {sh_e[1]:.2f}).")
+        else:
+            n_del = len(enc.get("delegates", []))
+            txt = ("1. **Thread pool (Debian's pthreadpool of 2021-05).** The executor shares one pool per thread "
+                   + (f"count across delegates (all {n_del} encoder delegates use one pool), but " if n_del > 1
+                      else "count across delegates, but ") + spin_txt)
+        loaded = [f"{n} {t(n, 'edgeport')[0]:.1f} ms median vs {t(n, 'edgeport')[1]:.1f} ms min with "
+                  f"{r['others_cores']:.2f} cores taken" for n, r in by.items()
+                  if t(n, "edgeport") and r["others_cores"] > 0.3]
+        txt += (" When another process holds a core, a spinning pool waits for its descheduled worker at every "
+                "operator, so the medians explode while the minimums stay low"
+                + (": " + "; ".join(loaded) if loaded else " (this run had no such model, see `other load`; an "
+                   "earlier run of this bench with ~1 core taken measured MobileNetV2 at ~0.4 s median)") + ". "
+                "Fixes: an ABI-compatible newer libpthreadpool (bounded spin, no waiting for workers that were never "
+                "woken) loaded ahead of libXNNPACK" + ("" if not per_delegate else ", and one process-wide pool per "
+                "thread count in the executor (what ExecuTorch does)") + "; meanwhile `num_threads=1` when the "
+                "cores are known to be shared.")
+        cold = []
+        for n, r in by.items():
+            w, c = r["times"].get("edgeport"), r.get("times_cold", {}).get("edgeport")
+            we, ce = r["times"].get("executorch"), r.get("times_cold", {}).get("executorch")
+            if w and c and c[0] > 1.3 * w[0]:
+                cold.append(f"{n} {c[0]:.2f} ms cold vs {w[0]:.2f} ms warm (ExecuTorch {ce[0]:.2f} vs {we[0]:.2f})")
+        if cold:
+            txt += (" The first call after idling is slow too, likely because the old pool waits for every worker "
+                    "at every operator and a parked worker (or vCPU) wakes slowly: " + "; ".join(cold) + ".")
     L.append(txt)
     # int8 kernels
     r8 = by.get("mobilenet_v2_int8", {})
@@ -106,13 +121,14 @@ def hot_spots(results: list[dict[str, Any]], candidate: dict[str, tuple[float, f
                  f"input binding {c['bind inputs']:.3f} ms, the rest of the core runtime {core_rest:.3f} ms, "
                  f"executor glue {glue:.3f} ms, "
                  + ("the C glue" if p.get("glue") == "c" else "Python/ctypes")
-                 + f" around the library calls {binding:.3f} ms, "
+                 + f" around the library calls {binding:.3f} ms (with the C glue this includes the host "
+                 "kernels it runs as steps -- the 1x1 convolutions on the fully connected stand-in --, which are "
+                 "compute, not overhead: the share is an upper bound of the overhead), "
                  f"`xnn_setup_runtime` {c['xnn_setup']:.3f} ms (run only when a bound pointer changes). "
                  + ("The executor binds and invokes through the C glue `edgeport_xnnpack._glue` (one C call per "
                     "step, and no per-step Python for a delegate whose steps all run in XNNPACK); what remains "
                     if p.get("glue") == "c" else "What remains ")
-                 + "is Python around the delegate call, which runs with cold caches after ~4 ms of XNNPACK work (and "
-                 "next to the pool's spinning worker), so it costs several times what it costs in a warm loop.")
+                 + "is Python around the delegate call.")
     # 4. the encoder
     r = by.get("encoder")
     if r and r.get("prof"):
