@@ -61,9 +61,9 @@
 #define FLAG_DISABLE_DENORMALS 0x1u
 #define FLAG_YIELD_WORKERS 0x2u
 /* a worker's spin after a job before it parks: longer than the host steps between two parallel operators (a
-   transformer's numpy segments take 50-150 us); at 50 us a worker parked and was woken again within each run, and on
-   a VM a wake of an idle vCPU costs tens of us: the encoder's warm call after an idle gap took 6.3 ms, 4.4 at 200 us
-   (AMD EPYC VM, 2 threads; MobileNetV2 2.8 -> 2.0 ms) */
+   transformer encoder's batch-matmul host segments run 110-130 us on one thread); at 50 us a worker parked and was
+   woken again within each run, and on a VM a wake of an idle vCPU costs tens of us: the encoder's warm call after
+   an idle gap took 6.3 ms, 4.4 at 200 us (AMD EPYC VM, 2 threads; MobileNetV2 2.8 -> 2.0 ms) */
 #define POOL_SPIN_NS 200000LL
 #define WAIT_SPIN_NS 20000LL       /* the caller's spin for joined workers before it sleeps */
 #define LATE_NS 200000LL           /* a wait this much longer than the chunks take: a worker was preempted */
