@@ -59,12 +59,9 @@ def _run(pte: bytes, args: tuple, choice: str, threads: int) -> np.ndarray:
     return method.execute([a.numpy() for a in args])[0]
 
 
-@needs_xnnpack
-@needs_kernel
-@pytest.mark.parametrize("isa", ISAS)
-def test_convolutions_equal_libxnnpack_bit_for_bit_and_eager(isa, monkeypatch):
-    monkeypatch.setenv(_host_conv.ISA_ENV, isa)
-    model, args = _convs()
+def _host_runs_equal_libxnnpack(model: torch.nn.Module, args: tuple, monkeypatch) -> int:
+    """Runs ``model``'s program with its convolutions on the host kernel at 1 and 2 threads, asserts the outputs
+    equal libXNNPACK's bit for bit and eager's within tolerance; returns how many host convolution ops were made."""
     ref = eager(model, args)
     _, pte, _ = lower_edgeport(model, args)
     theirs = _run(pte, args, "xnnpack", 1)
@@ -73,7 +70,17 @@ def test_convolutions_equal_libxnnpack_bit_for_bit_and_eager(isa, monkeypatch):
         ours = _run(pte, args, "host-conv", threads)
         np.testing.assert_array_equal(ours, theirs)
         assert rel_err(ours, ref) < RTOL
-    assert count.calls == 2 * 5  # per load: all five (the 7x7 stem over 3 channels on row taps, the strided 1x1)
+    return count.calls
+
+
+@needs_xnnpack
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_convolutions_equal_libxnnpack_bit_for_bit_and_eager(isa, monkeypatch):
+    monkeypatch.setenv(_host_conv.ISA_ENV, isa)
+    model, args = _convs()
+    # per load: all five (the 7x7 stem over 3 channels on row taps, the strided 1x1)
+    assert _host_runs_equal_libxnnpack(model, args, monkeypatch) == 2 * 5
 
 
 @needs_xnnpack
@@ -115,15 +122,7 @@ def test_large_filters_read_in_chunks_equal_libxnnpack_bit_for_bit(isa, monkeypa
         packed, _ = _host_conv.pack(np.zeros((n, 3, 3, c), np.float32), None, 9, c, n, nr)
         assert packed.nbytes > _gemm.CONV_LARGE_FILTER_BYTES  # the chunked path, not one pass per tile
         assert c * nr * 4 * 9 > _gemm.CONV_CHUNK_BYTES  # more than one chunk per panel
-    ref = eager(model, args)
-    _, pte, _ = lower_edgeport(model, args)
-    theirs = _run(pte, args, "xnnpack", 1)
-    count = _Count(monkeypatch)
-    for threads in (1, 2):
-        ours = _run(pte, args, "host-conv", threads)
-        np.testing.assert_array_equal(ours, theirs)
-        assert rel_err(ours, ref) < RTOL
-    assert count.calls == 2 * 2  # the two 3x3 convolutions per load
+    assert _host_runs_equal_libxnnpack(model, args, monkeypatch) == 2 * 2  # the two 3x3 convolutions per load
 
 
 def test_tap_offsets_point_at_the_pixels_numpy_indexes():
