@@ -558,5 +558,15 @@ class Subgraph:
             pass
 
 
-# Runtimes and operators (binding, setup caching) live in _native_run; re-exported here.
-from edgeport_xnnpack._native_run import ChannelShuffle, Runtime, glue_status, padded_empty  # noqa: E402
+# Runtimes and operators (binding, setup caching) live in _native_run, which imports this module; they are
+# re-exported here on first access (PEP 562), so that either module can be imported first (an import at the end of
+# this module made ``import edgeport_xnnpack._native_run`` fail when nothing had imported this one before).
+_FROM_NATIVE_RUN = frozenset({"ChannelShuffle", "Runtime", "glue_status", "padded_empty"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_NATIVE_RUN:
+        from edgeport_xnnpack import _native_run
+
+        return getattr(_native_run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
