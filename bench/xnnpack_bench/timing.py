@@ -69,15 +69,10 @@ def spin_after(fn: Callable[[], Any], window_s: float = 0.1, tries: int = 5) -> 
     task_dir = "/proc/self/task"
     for _ in range(tries):
         fn()
-        if os.path.isdir(task_dir):
-            ids = [((~int(t)) << 3) | 6 for t in os.listdir(task_dir)]
-            c0 = _thread_cpu_s(ids)
-            time.sleep(window_s)
-            res.append(_thread_cpu_s(ids) - c0)
-        else:
-            c0 = time.process_time()
-            time.sleep(window_s)
-            res.append(time.process_time() - c0)
+        ids = [((~int(t)) << 3) | 6 for t in os.listdir(task_dir)] if os.path.isdir(task_dir) else None
+        c0 = time.process_time() if ids is None else _thread_cpu_s(ids)
+        time.sleep(window_s)
+        res.append((time.process_time() if ids is None else _thread_cpu_s(ids)) - c0)
     return statistics.median(res) * 1e3
 
 

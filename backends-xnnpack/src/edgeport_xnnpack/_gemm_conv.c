@@ -266,15 +266,15 @@ static void conv_item(void *ctx, size_t index) {
        a chunk is read from memory once and from cache by the group's other tiles -- the same fused multiply-adds in
        the same order, so the same bits as one pass per tile */
     float part[CONV_GROUP * 7 * 32];
+    const Py_ssize_t row = j->c * j->nr, nt = j->chunk_taps * row;
+    const float *wend = j->w + j->panels * j->taps * row;
     for (Py_ssize_t g = t0; g < t1; g += CONV_GROUP) {
         Py_ssize_t g1 = g + CONV_GROUP < t1 ? g + CONV_GROUP : t1;
         for (Py_ssize_t ta = 0; ta < j->taps; ta += j->chunk_taps) {
             Py_ssize_t tb = ta + j->chunk_taps < j->taps ? ta + j->chunk_taps : j->taps;
             /* the next chunk: this panel's next taps, its first ones again for the next group, or the next panel's */
-            Py_ssize_t row = j->c * j->nr;
             const float *next = j->w + (p * j->taps + (tb < j->taps ? tb : g1 < t1 ? 0 : j->taps)) * row;
-            const float *wend = j->w + j->panels * j->taps * row;
-            Py_ssize_t nt = j->chunk_taps * row, lines = (Py_ssize_t)(nt * sizeof(float) / 64);
+            Py_ssize_t lines = (Py_ssize_t)(nt * sizeof(float) / 64);
             Py_ssize_t per_tile = (lines + (g1 - g) - 1) / (g1 - g), iters = (tb - ta) * j->c;
             struct conv_pf pf = {(const char *)next, (const char *)(next + nt < wend ? next + nt : wend),
                                  per_tile > 0 && iters / per_tile > 0 ? iters / per_tile : 1, 1};
